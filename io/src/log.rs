@@ -1,0 +1,1112 @@
+//! A partition log: an ordered list of segments with one writer, on one shard.
+//!
+//! Appends are synchronous and in memory: the batch gets its offsets, joins the pending queue
+//! and the tail cache, and the caller learns its offsets at once. One flusher task per log
+//! drains the pending queue with large aligned Direct I/O writes (the partial last page is
+//! rewritten in place) and one `fdatasync` for everything it took: concurrent producers share
+//! that sync (group commit). `durable_offset` moves only after the sync returns, and waiters
+//! are woken in offset order.
+//!
+//! Invariants: `log_start <= durable <= end`; segment base offsets strictly increase; only the
+//! last segment takes appends; a read never returns bytes past `durable`. After a write or sync
+//! error the log refuses appends for good (reads go on) and every waiter gets the error.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use bytes::{Bytes, BytesMut};
+use futures::channel::oneshot;
+use glommio::io::{BufferedFile, DmaFile, Directory};
+
+use crate::batch::{self, BatchHeader, HEADER_BYTES};
+use crate::segment::Segment;
+use crate::{LogConfig, LogError};
+
+/// Direct I/O alignment used for every write position and size.
+const ALIGN: u64 = 4096;
+/// Largest single write the flusher submits.
+const WRITE_CHUNK_BYTES_MAX: usize = 4 << 20;
+/// Read size used while scanning a segment during recovery.
+const SCAN_CHUNK_BYTES: usize = 1 << 20;
+/// File in the partition directory that remembers the log start offset (DeleteRecords).
+const LOG_START_FILE: &str = "log-start-offset";
+
+/// What an append assigned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppendInfo {
+    pub base_offset: i64,
+    pub last_offset: i64,
+}
+
+struct Pending {
+    segment_base: i64,
+    bytes: Bytes,
+    next_offset: i64,
+}
+
+struct State {
+    segments: Vec<Segment>,
+    log_start: i64,
+    /// Offset after the last appended batch (LEO).
+    end: i64,
+    /// Offset after the last fsynced batch.
+    durable: i64,
+    pending: VecDeque<Pending>,
+    pending_bytes: usize,
+    /// Recently appended batches, newest last, for tail reads without disk I/O.
+    cache: VecDeque<(i64, i64, Bytes)>,
+    cache_bytes: usize,
+    durable_waiters: VecDeque<(i64, oneshot::Sender<Result<(), LogError>>)>,
+    change_waiters: Vec<oneshot::Sender<()>>,
+    failed: Option<LogError>,
+    config: LogConfig,
+}
+
+/// One partition's log. Shard-local: wrap it in `Rc`, never share it across threads.
+pub struct Log {
+    dir: PathBuf,
+    state: RefCell<State>,
+    flushing: Cell<bool>,
+}
+
+fn io_error(context: &str, path: &Path, e: impl Into<std::io::Error>) -> LogError {
+    LogError::Io(format!("{context} {}: {}", path.display(), e.into()))
+}
+
+impl Log {
+    /// Opens (or creates) the log in `dir`, recovering the last segment by CRC: a torn or
+    /// corrupt tail is cut off, indexes that are missing or do not fit are rebuilt.
+    pub async fn open(dir: &Path, config: LogConfig, now_ms: i64) -> Result<Rc<Log>, LogError> {
+        config.validate();
+        std::fs::create_dir_all(dir).map_err(|e| io_error("creating", dir, e))?;
+        let mut bases = Vec::new();
+        let entries = std::fs::read_dir(dir).map_err(|e| io_error("listing", dir, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| io_error("listing", dir, e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(stem) = name.strip_suffix(".log") {
+                if let Ok(base) = stem.parse::<i64>() {
+                    if stem.len() == 20 {
+                        bases.push(base);
+                    }
+                }
+            }
+        }
+        bases.sort_unstable();
+        let mut segments = Vec::with_capacity(bases.len().max(1));
+        for (i, &base) in bases.iter().enumerate() {
+            let last = i + 1 == bases.len();
+            let mut segment = Segment::new(dir, base, now_ms);
+            if let Some(prev) = segments.last() {
+                let prev: &Segment = prev;
+                if prev.next_offset > base {
+                    return Err(LogError::Corrupt(format!(
+                        "{}: segment {base} overlaps the previous one ending at {}",
+                        dir.display(),
+                        prev.next_offset
+                    )));
+                }
+            }
+            recover_segment(&mut segment, last, &config).await?;
+            segment.closed = !last;
+            segments.push(segment);
+        }
+        if segments.is_empty() {
+            segments.push(Segment::new(dir, 0, now_ms));
+        }
+        let first_base = segments[0].base_offset;
+        let end = segments.last().expect("at least one segment").next_offset;
+        let persisted_start = std::fs::read_to_string(dir.join(LOG_START_FILE))
+            .ok()
+            .and_then(|s| s.trim().parse::<i64>().ok())
+            .unwrap_or(first_base);
+        let log_start = persisted_start.clamp(first_base, end);
+        let log = Log {
+            dir: dir.to_path_buf(),
+            state: RefCell::new(State {
+                segments,
+                log_start,
+                end,
+                durable: end,
+                pending: VecDeque::new(),
+                pending_bytes: 0,
+                cache: VecDeque::new(),
+                cache_bytes: 0,
+                durable_waiters: VecDeque::new(),
+                change_waiters: Vec::new(),
+                failed: None,
+                config,
+            }),
+            flushing: Cell::new(false),
+        };
+        Ok(Rc::new(log))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Offset after the last appended batch (the log end offset, LEO).
+    pub fn end_offset(&self) -> i64 {
+        self.state.borrow().end
+    }
+
+    /// Offset after the last batch known to be on disk.
+    pub fn durable_offset(&self) -> i64 {
+        self.state.borrow().durable
+    }
+
+    pub fn start_offset(&self) -> i64 {
+        self.state.borrow().log_start
+    }
+
+    /// The storage error that stopped appends, if any.
+    pub fn failure(&self) -> Option<LogError> {
+        self.state.borrow().failed.clone()
+    }
+
+    /// Total bytes of all segments.
+    pub fn size_bytes(&self) -> u64 {
+        self.state.borrow().segments.iter().map(|s| s.size).sum()
+    }
+
+    pub fn set_config(&self, config: LogConfig) {
+        config.validate();
+        self.state.borrow_mut().config = config;
+    }
+
+    /// Largest timestamp in the log and the base offset of the batch carrying it.
+    pub fn max_timestamp(&self) -> Option<(i64, i64)> {
+        let st = self.state.borrow();
+        st.segments
+            .iter()
+            .filter(|s| s.size > 0 && s.next_offset > st.log_start)
+            .map(|s| (s.max_timestamp, s.max_timestamp_batch))
+            .fold(None, |best: Option<(i64, i64)>, cur| match best {
+                Some(b) if b.0 >= cur.0 => Some(b),
+                _ => Some(cur),
+            })
+    }
+
+    /// Appends one verified batch: sets its base offset and leader epoch and queues it for
+    /// the flusher. Returns at once; `wait_durable` tells when it is on disk.
+    pub fn append(
+        self: &Rc<Self>,
+        mut batch_bytes: BytesMut,
+        leader_epoch: i32,
+        now_ms: i64,
+    ) -> Result<AppendInfo, LogError> {
+        let info = {
+            let mut guard = self.state.borrow_mut();
+            let st = &mut *guard;
+            if let Some(e) = &st.failed {
+                return Err(e.clone());
+            }
+            let base_offset = st.end;
+            batch::set_offset_and_epoch(&mut batch_bytes, base_offset, leader_epoch);
+            let header = BatchHeader::parse(&batch_bytes).map_err(LogError::InvalidBatch)?;
+            assert_eq!(header.total_bytes(), batch_bytes.len(), "append of a partial batch");
+            let total = batch_bytes.len() as u64;
+            let needs_roll = {
+                let active = st.segments.last().expect("active segment");
+                active.size > 0
+                    && (active.size + total > st.config.segment_bytes
+                        || now_ms - active.created_ms >= st.config.segment_ms
+                        || header.last_offset() - active.base_offset > i64::from(i32::MAX))
+            };
+            if needs_roll {
+                st.segments
+                    .last_mut()
+                    .expect("active segment")
+                    .seal_time_index();
+                st.segments.last_mut().expect("active segment").closed = true;
+                let segment = Segment::new(&self.dir, base_offset, now_ms);
+                st.segments.push(segment);
+            }
+            let interval = st.config.index_interval_bytes;
+            let active = st.segments.last_mut().expect("active segment");
+            let position = active.size;
+            active.track_batch(&header, position, interval);
+            let segment_base = active.base_offset;
+            let bytes = batch_bytes.freeze();
+            st.end = header.next_offset();
+            st.pending_bytes += bytes.len();
+            st.pending.push_back(Pending {
+                segment_base,
+                bytes: bytes.clone(),
+                next_offset: st.end,
+            });
+            st.cache_bytes += bytes.len();
+            st.cache.push_back((base_offset, st.end, bytes));
+            while st.cache_bytes > st.config.cache_bytes_max && st.cache.len() > 1 {
+                let (_, _, old) = st.cache.pop_front().expect("non-empty cache");
+                st.cache_bytes -= old.len();
+            }
+            AppendInfo {
+                base_offset,
+                last_offset: header.last_offset(),
+            }
+        };
+        if !self.flushing.replace(true) {
+            glommio::spawn_local(self.clone().flush_loop()).detach();
+        }
+        Ok(info)
+    }
+
+    /// Bytes appended but not yet on disk. Callers use it for backpressure.
+    pub fn pending_bytes(&self) -> usize {
+        self.state.borrow().pending_bytes
+    }
+
+    /// Resolves once every offset below `end_offset` is fsynced, or with the storage error.
+    pub fn wait_durable(&self, end_offset: i64) -> impl std::future::Future<Output = Result<(), LogError>> {
+        let rx = {
+            let mut st = self.state.borrow_mut();
+            let (tx, rx) = oneshot::channel();
+            if let Some(e) = &st.failed {
+                let _ = tx.send(Err(e.clone()));
+            } else if st.durable >= end_offset {
+                let _ = tx.send(Ok(()));
+            } else {
+                st.durable_waiters.push_back((end_offset, tx));
+            }
+            rx
+        };
+        async move {
+            rx.await
+                .unwrap_or_else(|_| Err(LogError::Closed))
+        }
+    }
+
+    /// Resolves the next time the durable offset moves (or the log fails or closes).
+    pub fn durable_changed(&self) -> oneshot::Receiver<()> {
+        let (tx, rx) = oneshot::channel();
+        let mut st = self.state.borrow_mut();
+        st.change_waiters.retain(|w| !w.is_canceled());
+        st.change_waiters.push(tx);
+        rx
+    }
+
+    async fn flush_loop(self: Rc<Self>) {
+        loop {
+            let taken: Vec<Pending> = {
+                let mut st = self.state.borrow_mut();
+                if st.pending.is_empty() || st.failed.is_some() {
+                    self.flushing.set(false);
+                    return;
+                }
+                st.pending_bytes = 0;
+                st.pending.drain(..).collect()
+            };
+            let new_durable = taken.last().expect("took pending").next_offset;
+            let written = match self.write_out(taken).await {
+                Ok(()) => self.finish_closed_segments().await,
+                Err(e) => Err(e),
+            };
+            match written {
+                Ok(()) => self.advance_durable(new_durable),
+                Err(e) => {
+                    tracing::error!(dir = %self.dir.display(), error = %e,
+                        "storage error: partition refuses writes from now on, reads go on");
+                    self.fail(e);
+                    self.flushing.set(false);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn advance_durable(&self, new_durable: i64) {
+        let mut st = self.state.borrow_mut();
+        assert!(new_durable >= st.durable, "durable offset goes backwards");
+        assert!(new_durable <= st.end, "durable offset past the log end");
+        st.durable = new_durable;
+        while st
+            .durable_waiters
+            .front()
+            .is_some_and(|(end, _)| *end <= new_durable)
+        {
+            let (_, tx) = st.durable_waiters.pop_front().expect("non-empty");
+            let _ = tx.send(Ok(()));
+        }
+        for w in st.change_waiters.drain(..) {
+            let _ = w.send(());
+        }
+    }
+
+    fn fail(&self, e: LogError) {
+        let mut st = self.state.borrow_mut();
+        for (_, tx) in st.durable_waiters.drain(..) {
+            let _ = tx.send(Err(e.clone()));
+        }
+        for w in st.change_waiters.drain(..) {
+            let _ = w.send(());
+        }
+        st.failed = Some(e);
+    }
+
+    /// Writes the taken batches segment by segment, closes segments that were rolled, and
+    /// fsyncs the segment written last.
+    async fn write_out(&self, taken: Vec<Pending>) -> Result<(), LogError> {
+        let mut i = 0;
+        while i < taken.len() {
+            let base = taken[i].segment_base;
+            let mut j = i;
+            while j < taken.len() && taken[j].segment_base == base {
+                j += 1;
+            }
+            self.write_segment(base, &taken[i..j]).await?;
+            i = j;
+        }
+        Ok(())
+    }
+
+    async fn write_segment(&self, base: i64, chunks: &[Pending]) -> Result<(), LogError> {
+        let (file, synced, path, segment_bytes, step) = {
+            let st = self.state.borrow();
+            let seg = find_segment(&st.segments, base).expect("pending segment exists");
+            (
+                seg.file.clone(),
+                seg.synced,
+                seg.log_path(),
+                st.config.segment_bytes,
+                st.config.preallocate_bytes,
+            )
+        };
+        let file = match file {
+            Some(f) => f,
+            None => {
+                let f = Rc::new(
+                    glommio::io::OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .create_new(true)
+                        .dma_open(&path)
+                        .await
+                        .map_err(|e| io_error("creating", &path, e))?,
+                );
+                let dir = Directory::open(&self.dir)
+                    .await
+                    .map_err(|e| io_error("opening", &self.dir, e))?;
+                dir.sync().await.map_err(|e| io_error("syncing", &self.dir, e))?;
+                let _ = dir.close().await;
+                let reader = open_reader(&path).await?;
+                let mut st = self.state.borrow_mut();
+                let seg = find_segment_mut(&mut st.segments, base).expect("segment exists");
+                seg.file = Some(f.clone());
+                seg.reader = Some(reader);
+                f
+            }
+        };
+        let added: usize = chunks.iter().map(|c| c.bytes.len()).sum();
+        let end = synced + added as u64;
+        // Preallocate in large steps so the file is not fragmented by many small extensions.
+        let allocated = self.segment_allocated(base);
+        if end > allocated {
+            let target = (end + step).min(segment_bytes.max(end));
+            let target = target.div_ceil(ALIGN) * ALIGN;
+            file.pre_allocate(target, true)
+                .await
+                .map_err(|e| io_error("preallocating", &path, e))?;
+            let mut st = self.state.borrow_mut();
+            if let Some(seg) = find_segment_mut(&mut st.segments, base) {
+                seg.allocated = target;
+            }
+        }
+        // The partial page at the current end is rewritten whole, from the copy kept in memory.
+        let aligned_start = synced / ALIGN * ALIGN;
+        let head = {
+            let st = self.state.borrow();
+            find_segment(&st.segments, base).expect("segment exists").tail.clone()
+        };
+        let head_len = head.len();
+        assert_eq!(head_len as u64, synced - aligned_start, "tail page copy out of step");
+        let mut source = ChunkCursor::new(&head, chunks);
+        let mut pos = aligned_start;
+        let total = head_len + added;
+        let mut remaining = total;
+        let mut new_tail = Vec::new();
+        while remaining > 0 {
+            let n = remaining.min(WRITE_CHUNK_BYTES_MAX);
+            let padded = (n as u64).div_ceil(ALIGN) as usize * ALIGN as usize;
+            let mut buf = file.alloc_dma_buffer(padded);
+            let dst = buf.as_bytes_mut();
+            source.copy_to(&mut dst[..n]);
+            dst[n..].fill(0);
+            if remaining == n {
+                let tail_from = (end / ALIGN * ALIGN - pos) as usize;
+                new_tail = dst[tail_from..n].to_vec();
+            }
+            let written = file
+                .write_at(buf, pos)
+                .await
+                .map_err(|e| io_error("writing", &path, e))?;
+            if written != padded {
+                return Err(LogError::Io(format!(
+                    "short write to {}: {written} of {padded} bytes",
+                    path.display()
+                )));
+            }
+            pos += n as u64;
+            remaining -= n;
+        }
+        file.fdatasync()
+            .await
+            .map_err(|e| io_error("syncing", &path, e))?;
+        {
+            let mut st = self.state.borrow_mut();
+            let seg = find_segment_mut(&mut st.segments, base).expect("segment exists");
+            seg.synced = end;
+            seg.tail = new_tail;
+            assert!(seg.synced <= seg.size, "synced past the segment size");
+        }
+        Ok(())
+    }
+
+    fn segment_allocated(&self, base: i64) -> u64 {
+        let st = self.state.borrow();
+        find_segment(&st.segments, base).map_or(0, |s| s.allocated)
+    }
+
+    /// Rolled segments whose bytes are all on disk get their exact size (no padding) and
+    /// their index files, once.
+    async fn finish_closed_segments(&self) -> Result<(), LogError> {
+        loop {
+            let next = {
+                let mut st = self.state.borrow_mut();
+                st.segments
+                    .iter_mut()
+                    .find(|s| s.closed && !s.finalized && s.synced == s.size && s.file.is_some())
+                    .map(|seg| {
+                        seg.finalized = true;
+                        (
+                            seg.file.clone().expect("checked"),
+                            seg.synced,
+                            seg.encode_index(),
+                            seg.encode_time_index(),
+                            seg.index_path(),
+                            seg.time_index_path(),
+                            seg.log_path(),
+                        )
+                    })
+            };
+            let Some((file, size, index, time_index, index_path, time_path, log_path)) = next else {
+                return Ok(());
+            };
+            finish_segment_files(&file, size, index, time_index, &index_path, &time_path, &log_path).await?;
+        }
+    }
+
+    /// Reads whole batches starting with the one that contains `offset`, at most `max_bytes`
+    /// (but always the first batch whole, KIP-74), never at or past `limit_offset` nor past
+    /// the durable offset. Empty when there is nothing to read.
+    pub async fn read(&self, offset: i64, max_bytes: usize, limit_offset: i64) -> Result<Bytes, LogError> {
+        let (limit, from_cache, disk_plan) = {
+            let st = self.state.borrow();
+            if offset < st.log_start || offset > st.end {
+                return Err(LogError::OffsetOutOfRange {
+                    requested: offset,
+                    log_start: st.log_start,
+                    log_end: st.end,
+                });
+            }
+            let limit = limit_offset.min(st.durable);
+            if offset >= limit {
+                return Ok(Bytes::new());
+            }
+            if st.cache.front().is_some_and(|(base, _, _)| *base <= offset) {
+                (limit, Some(collect_cached(&st.cache, offset, max_bytes, limit)), Vec::new())
+            } else {
+                (limit, None, plan_disk_read(&st.segments, offset))
+            }
+        };
+        if let Some(bytes) = from_cache {
+            return Ok(bytes);
+        }
+        for (file, start_pos, end_pos, seg_offset) in disk_plan {
+            let bytes = read_from_segment(&file, start_pos, end_pos, seg_offset, max_bytes, limit).await?;
+            if !bytes.is_empty() {
+                return Ok(bytes);
+            }
+        }
+        Ok(Bytes::new())
+    }
+
+    /// The first batch, at or after `log_start`, whose largest timestamp is >= `timestamp`.
+    pub async fn find_batch_by_timestamp(&self, timestamp: i64, limit_offset: i64) -> Result<Option<Bytes>, LogError> {
+        let start = {
+            let st = self.state.borrow();
+            let limit = limit_offset.min(st.durable);
+            let segment = st
+                .segments
+                .iter()
+                .find(|s| s.max_timestamp >= timestamp && s.next_offset > st.log_start && s.base_offset < limit);
+            match segment {
+                None => return Ok(None),
+                Some(s) => s.offset_for_timestamp(timestamp).max(st.log_start),
+            }
+        };
+        let mut offset = start;
+        // Each round reads at most one index interval worth of batches; bounded by the log end.
+        loop {
+            let bytes = self.read(offset, 64 * 1024, limit_offset).await?;
+            if bytes.is_empty() {
+                return Ok(None);
+            }
+            let mut rest = &bytes[..];
+            while rest.len() >= HEADER_BYTES {
+                let header = BatchHeader::parse(rest).map_err(LogError::InvalidBatch)?;
+                let total = header.total_bytes();
+                if header.max_timestamp >= timestamp {
+                    let at = bytes.len() - rest.len();
+                    return Ok(Some(bytes.slice(at..at + total)));
+                }
+                offset = header.next_offset();
+                rest = &rest[total..];
+            }
+        }
+    }
+
+    /// Moves the log start forward (DeleteRecords) and deletes segments wholly below it.
+    pub async fn advance_start(&self, new_start: i64) -> Result<i64, LogError> {
+        let start = {
+            let mut st = self.state.borrow_mut();
+            if new_start > st.durable {
+                return Err(LogError::OffsetOutOfRange {
+                    requested: new_start,
+                    log_start: st.log_start,
+                    log_end: st.durable,
+                });
+            }
+            st.log_start = st.log_start.max(new_start);
+            st.log_start
+        };
+        write_file(&self.dir.join(LOG_START_FILE), start.to_string().into_bytes()).await?;
+        self.delete_segments_below(start).await?;
+        Ok(start)
+    }
+
+    /// Applies `retention.ms` and `retention.bytes`: deletes the oldest closed, fully durable
+    /// segments that are past either limit, and moves the log start past them.
+    pub async fn apply_retention(&self, now_ms: i64, retention_ms: i64, retention_bytes: i64) -> Result<usize, LogError> {
+        let new_start = {
+            let st = self.state.borrow();
+            let mut total: i64 = st.segments.iter().map(|s| s.size as i64).sum();
+            let mut new_start = None;
+            for seg in &st.segments {
+                let deletable = seg.closed && seg.synced == seg.size && seg.next_offset <= st.durable;
+                if !deletable {
+                    break;
+                }
+                let too_old = retention_ms >= 0 && seg.max_timestamp >= 0 && now_ms - seg.max_timestamp > retention_ms;
+                let too_big = retention_bytes >= 0 && total - seg.size as i64 >= retention_bytes;
+                if !(too_old || too_big) {
+                    break;
+                }
+                total -= seg.size as i64;
+                new_start = Some(seg.next_offset);
+            }
+            new_start
+        };
+        match new_start {
+            Some(start) if start > self.start_offset() => {
+                let before = self.state.borrow().segments.len();
+                self.advance_start(start).await?;
+                Ok(before - self.state.borrow().segments.len())
+            }
+            _ => Ok(0),
+        }
+    }
+
+    async fn delete_segments_below(&self, start: i64) -> Result<(), LogError> {
+        let doomed: Vec<Segment> = {
+            let mut st = self.state.borrow_mut();
+            let keep_from = st
+                .segments
+                .iter()
+                .position(|s| s.next_offset > start || !s.closed)
+                .unwrap_or(st.segments.len() - 1);
+            let doomed: Vec<Segment> = st.segments.drain(..keep_from).collect();
+            while st.cache.front().is_some_and(|(_, next, _)| *next <= start) {
+                let (_, _, b) = st.cache.pop_front().expect("non-empty");
+                st.cache_bytes -= b.len();
+            }
+            doomed
+        };
+        for seg in doomed {
+            for path in [seg.log_path(), seg.index_path(), seg.time_index_path()] {
+                match std::fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(io_error("deleting", &path, e)),
+                }
+            }
+            tracing::info!(dir = %self.dir.display(), base = seg.base_offset, "deleted segment");
+        }
+        Ok(())
+    }
+
+    /// Waits for every appended batch to be durable, then writes the active segment's indexes.
+    pub async fn close(&self) -> Result<(), LogError> {
+        let end = self.end_offset();
+        self.wait_durable(end).await?;
+        let (file, size, index, time_index, index_path, time_path) = {
+            let mut st = self.state.borrow_mut();
+            let seg = st.segments.last_mut().expect("active segment");
+            seg.seal_time_index();
+            (
+                seg.file.clone(),
+                seg.synced,
+                seg.encode_index(),
+                seg.encode_time_index(),
+                seg.index_path(),
+                seg.time_index_path(),
+            )
+        };
+        if let Some(file) = file {
+            let log_path = index_path.with_extension("log");
+            finish_segment_files(&file, size, index, time_index, &index_path, &time_path, &log_path).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Cuts the zero padding after the last batch and writes both index files.
+async fn finish_segment_files(
+    file: &DmaFile,
+    size: u64,
+    index: Vec<u8>,
+    time_index: Vec<u8>,
+    index_path: &Path,
+    time_path: &Path,
+    log_path: &Path,
+) -> Result<(), LogError> {
+    file.truncate(size)
+        .await
+        .map_err(|e| io_error("truncating", log_path, e))?;
+    file.fdatasync()
+        .await
+        .map_err(|e| io_error("syncing", log_path, e))?;
+    write_file(index_path, index).await?;
+    write_file(time_path, time_index).await?;
+    Ok(())
+}
+
+fn find_segment(segments: &[Segment], base: i64) -> Option<&Segment> {
+    segments.iter().rev().find(|s| s.base_offset == base)
+}
+
+fn find_segment_mut(segments: &mut [Segment], base: i64) -> Option<&mut Segment> {
+    segments.iter_mut().rev().find(|s| s.base_offset == base)
+}
+
+fn collect_cached(cache: &VecDeque<(i64, i64, Bytes)>, offset: i64, max_bytes: usize, limit: i64) -> Bytes {
+    let first = cache.partition_point(|(_, next, _)| *next <= offset);
+    let mut parts: Vec<&Bytes> = Vec::new();
+    let mut total = 0;
+    for (base, _, bytes) in cache.iter().skip(first) {
+        if *base >= limit || (!parts.is_empty() && total + bytes.len() > max_bytes) {
+            break;
+        }
+        total += bytes.len();
+        parts.push(bytes);
+    }
+    match parts.len() {
+        0 => Bytes::new(),
+        1 => parts[0].clone(),
+        _ => {
+            let mut out = BytesMut::with_capacity(total);
+            for p in parts {
+                out.extend_from_slice(p);
+            }
+            out.freeze()
+        }
+    }
+}
+
+/// For a read at `offset`: the segments to try in order, as (file, start position, durable
+/// end, offset to look for). Usually one; more when the offset falls in a gap.
+fn plan_disk_read(segments: &[Segment], offset: i64) -> Vec<(Rc<BufferedFile>, u64, u64, i64)> {
+    let i = segments.partition_point(|s| s.base_offset <= offset).saturating_sub(1);
+    segments[i..]
+        .iter()
+        .filter_map(|s| {
+            let file = s.reader.clone()?;
+            let target = offset.max(s.base_offset);
+            Some((file, s.position_for(target), s.synced, target))
+        })
+        .take(4)
+        .collect()
+}
+
+async fn read_from_segment(
+    file: &BufferedFile,
+    mut pos: u64,
+    end: u64,
+    offset: i64,
+    max_bytes: usize,
+    limit: i64,
+) -> Result<Bytes, LogError> {
+    let path = || file.path().map(|p| p.to_path_buf()).unwrap_or_default();
+    // Find the batch that contains `offset`: at most one index interval of headers.
+    let first = loop {
+        if pos + HEADER_BYTES as u64 > end {
+            return Ok(Bytes::new());
+        }
+        let r = file
+            .read_at(pos, HEADER_BYTES)
+            .await
+            .map_err(|e| io_error("reading", &path(), e))?;
+        let header = BatchHeader::parse(&r).map_err(LogError::InvalidBatch)?;
+        if header.next_offset() > offset {
+            break header;
+        }
+        pos += header.total_bytes() as u64;
+    };
+    if first.base_offset >= limit {
+        return Ok(Bytes::new());
+    }
+    let want = (first.total_bytes().max(max_bytes) as u64).min(end - pos) as usize;
+    let r = file
+        .read_at(pos, want)
+        .await
+        .map_err(|e| io_error("reading", &path(), e))?;
+    // Keep whole batches below the limit; the first is always whole (it fits `want`).
+    let mut keep = 0;
+    let mut rest = &r[..];
+    while rest.len() >= HEADER_BYTES {
+        let header = BatchHeader::parse(rest).map_err(LogError::InvalidBatch)?;
+        if header.base_offset >= limit || header.total_bytes() > rest.len() {
+            break;
+        }
+        if keep > 0 && keep + header.total_bytes() > max_bytes {
+            break;
+        }
+        keep += header.total_bytes();
+        rest = &rest[header.total_bytes()..];
+    }
+    Ok(Bytes::copy_from_slice(&r[..keep]))
+}
+
+/// Copies the tail-page head and then the pending chunks into write buffers, in order.
+struct ChunkCursor<'a> {
+    parts: Vec<&'a [u8]>,
+    part: usize,
+    at: usize,
+}
+
+impl<'a> ChunkCursor<'a> {
+    fn new(head: &'a [u8], chunks: &'a [Pending]) -> Self {
+        let mut parts = vec![head];
+        parts.extend(chunks.iter().map(|c| &c.bytes[..]));
+        ChunkCursor { parts, part: 0, at: 0 }
+    }
+
+    fn copy_to(&mut self, mut dst: &mut [u8]) {
+        while !dst.is_empty() {
+            let src = &self.parts[self.part][self.at..];
+            let n = src.len().min(dst.len());
+            dst[..n].copy_from_slice(&src[..n]);
+            dst = &mut dst[n..];
+            self.at += n;
+            if self.at == self.parts[self.part].len() {
+                self.part += 1;
+                self.at = 0;
+            }
+        }
+    }
+}
+
+/// Reads go through the page cache: glommio 0.9's Direct I/O read path fails with EOPNOTSUPP
+/// on current kernels (6.x), and the page cache is what `sendfile` will serve cold reads from.
+/// Direct writes invalidate the cached pages they cover, so readers never see stale bytes.
+async fn open_reader(path: &Path) -> Result<Rc<BufferedFile>, LogError> {
+    let f = glommio::io::OpenOptions::new()
+        .read(true)
+        .buffered_open(path)
+        .await
+        .map_err(|e| io_error("opening", path, e))?;
+    Ok(Rc::new(f))
+}
+
+/// Writes a small file atomically and durably (temp file, fsync, rename, directory fsync).
+pub async fn write_file(path: &Path, contents: Vec<u8>) -> Result<(), LogError> {
+    let path = path.to_path_buf();
+    let result = glommio::executor()
+        .spawn_blocking(move || -> std::io::Result<()> {
+            use std::io::Write;
+            let tmp = path.with_extension("tmp");
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&contents)?;
+            f.sync_data()?;
+            std::fs::rename(&tmp, &path)?;
+            if let Some(dir) = path.parent() {
+                std::fs::File::open(dir)?.sync_all()?;
+            }
+            Ok(())
+        })
+        .await;
+    result.map_err(|e| LogError::Io(format!("writing small file: {e}")))
+}
+
+/// Opens a segment's log file and restores its in-memory state. The last segment is scanned
+/// and CRC-checked batch by batch and cut at the first bad batch; closed segments load their
+/// index files when those fit, and are scanned otherwise.
+async fn recover_segment(seg: &mut Segment, last: bool, config: &LogConfig) -> Result<(), LogError> {
+    let path = seg.log_path();
+    let file = glommio::io::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .dma_open(&path)
+        .await
+        .map_err(|e| io_error("opening", &path, e))?;
+    let file_size = file.file_size().await.map_err(|e| io_error("sizing", &path, e))?;
+    let reader = open_reader(&path).await?;
+    let mut scan_from = 0u64;
+    if !last {
+        let index = std::fs::read(seg.index_path()).unwrap_or_default();
+        let times = std::fs::read(seg.time_index_path()).unwrap_or_default();
+        if seg.load_indexes(&index, &times, file_size) {
+            scan_from = u64::from(seg.index.last().expect("loaded index").1);
+        }
+    }
+    let index_loaded = !seg.index.is_empty();
+    // Scan from `scan_from`: with loaded indexes only the tail after the last index entry is
+    // walked (headers only); otherwise everything, with CRC checks on the last segment.
+    let mut pos = scan_from;
+    let mut buf: Vec<u8> = Vec::new();
+    let mut buf_start = pos;
+    let mut cut: Option<String> = None;
+    if index_loaded {
+        // Recompute size and next offset from the last indexed batch on.
+        seg.size = pos;
+    }
+    loop {
+        if pos >= file_size {
+            break;
+        }
+        let in_buf = (pos - buf_start) as usize;
+        if in_buf + HEADER_BYTES > buf.len() {
+            buf_start = pos;
+            let n = SCAN_CHUNK_BYTES.min((file_size - pos) as usize);
+            let r = reader.read_at(pos, n).await.map_err(|e| io_error("reading", &path, e))?;
+            buf = r.to_vec();
+            if buf.len() < HEADER_BYTES {
+                cut = Some(format!("{} trailing bytes", buf.len()));
+                break;
+            }
+        }
+        let in_buf = (pos - buf_start) as usize;
+        let header = match BatchHeader::parse(&buf[in_buf..]) {
+            Ok(h) => h,
+            Err(e) => {
+                cut = Some(e.to_string());
+                break;
+            }
+        };
+        let total = header.total_bytes();
+        if pos + total as u64 > file_size {
+            cut = Some(format!("batch at {pos} runs past the end of the file"));
+            break;
+        }
+        if header.base_offset < seg.next_offset {
+            cut = Some(format!("batch at {pos} has offset {} below {}", header.base_offset, seg.next_offset));
+            break;
+        }
+        if last {
+            if in_buf + total > buf.len() {
+                let r = reader.read_at(pos, total).await.map_err(|e| io_error("reading", &path, e))?;
+                buf = r.to_vec();
+                buf_start = pos;
+            }
+            let in_buf = (pos - buf_start) as usize;
+            if let Err(e) = batch::verify(&buf[in_buf..in_buf + total]) {
+                cut = Some(e.to_string());
+                break;
+            }
+        }
+        if index_loaded && pos == scan_from {
+            // The indexed batch itself: already in the index; just account for it.
+            seg.size = pos + total as u64;
+            seg.next_offset = header.next_offset();
+            seg.bytes_since_index = total as u32;
+        } else {
+            seg.track_batch(&header, pos, config.index_interval_bytes);
+        }
+        pos += total as u64;
+    }
+    if let Some(reason) = cut {
+        if !last {
+            return Err(LogError::Corrupt(format!(
+                "{}: closed segment is damaged at byte {pos}: {reason}",
+                path.display()
+            )));
+        }
+        if pos < file_size {
+            let zeros_only = buf.get((pos - buf_start) as usize..).is_some_and(|b| b.iter().all(|&x| x == 0));
+            if zeros_only {
+                tracing::debug!(path = %path.display(), pos, "dropping zero padding after the last batch");
+            } else {
+                tracing::warn!(path = %path.display(), pos, file_size, %reason,
+                    "truncating torn or corrupt tail of the log");
+            }
+        }
+    }
+    if pos < file_size {
+        file.truncate(pos).await.map_err(|e| io_error("truncating", &path, e))?;
+        file.fdatasync().await.map_err(|e| io_error("syncing", &path, e))?;
+    }
+    seg.size = pos;
+    seg.synced = pos;
+    seg.allocated = pos;
+    let aligned = pos / ALIGN * ALIGN;
+    if aligned < pos {
+        let r = reader
+            .read_at(aligned, (pos - aligned) as usize)
+            .await
+            .map_err(|e| io_error("reading", &path, e))?;
+        assert_eq!(r.len() as u64, pos - aligned, "short read of the tail page");
+        seg.tail = r.to_vec();
+    }
+    seg.file = Some(Rc::new(file));
+    seg.reader = Some(reader);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::tests::make_batch;
+
+    fn run<F: std::future::Future<Output = ()> + 'static>(f: impl FnOnce() -> F + Send + 'static) {
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .spawn(move || f())
+            .expect("executor")
+            .join()
+            .expect("test body");
+    }
+
+    fn tmpdir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("ferrolog-io-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    fn small() -> LogConfig {
+        LogConfig {
+            segment_bytes: 10_000,
+            index_interval_bytes: 500,
+            preallocate_bytes: 8192,
+            cache_bytes_max: 1000,
+            ..LogConfig::default()
+        }
+    }
+
+    async fn append_n(log: &Rc<Log>, n: i64, ts: i64) {
+        for i in 0..n {
+            let b = make_batch(0, 2, ts + i, 100);
+            log.append(BytesMut::from(&b[..]), 3, 0).expect("append");
+        }
+        log.wait_durable(log.end_offset()).await.expect("durable");
+    }
+
+    /// Reads every batch from `from` to the end and checks offsets are contiguous.
+    async fn read_all(log: &Log, from: i64) -> Vec<BatchHeader> {
+        let mut out = Vec::new();
+        let mut offset = from;
+        while offset < log.durable_offset() {
+            let bytes = log.read(offset, 700, i64::MAX).await.expect("read");
+            assert!(!bytes.is_empty(), "empty read at {offset}");
+            let mut rest = &bytes[..];
+            while !rest.is_empty() {
+                let h = batch::verify(rest).expect("valid batch");
+                assert_eq!(h.base_offset, offset, "contiguous offsets");
+                offset = h.next_offset();
+                rest = &rest[h.total_bytes()..];
+                out.push(h);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn append_roll_read_reopen() {
+        let dir = tmpdir("roll");
+        run(move || async move {
+            let log = Log::open(&dir, small(), 0).await.unwrap();
+            append_n(&log, 100, 1000).await;
+            assert_eq!(log.end_offset(), 200);
+            assert!(log.state.borrow().segments.len() >= 3, "rolled");
+            let all = read_all(&log, 0).await;
+            assert_eq!(all.len(), 100);
+            assert!(all.iter().all(|h| h.partition_leader_epoch == 3));
+            // A read in the middle of a batch returns that whole batch.
+            let b = log.read(51, 1, i64::MAX).await.unwrap();
+            assert_eq!(BatchHeader::parse(&b).unwrap().base_offset, 50);
+            let ts = log.find_batch_by_timestamp(1040, i64::MAX).await.unwrap().unwrap();
+            assert_eq!(BatchHeader::parse(&ts).unwrap().base_offset, 80);
+            log.close().await.unwrap();
+            drop(log);
+            let log = Log::open(&dir, small(), 0).await.unwrap();
+            assert_eq!(log.end_offset(), 200);
+            assert_eq!(read_all(&log, 0).await.len(), 100);
+            assert_eq!(log.max_timestamp(), Some((1099, 198)));
+            let ts = log.find_batch_by_timestamp(1040, i64::MAX).await.unwrap().unwrap();
+            assert_eq!(BatchHeader::parse(&ts).unwrap().base_offset, 80);
+            append_n(&log, 1, 5000).await;
+            assert_eq!(read_all(&log, 190).await.len(), 6);
+        });
+    }
+
+    #[test]
+    fn torn_tail_is_cut_and_missing_index_rebuilt() {
+        let dir = tmpdir("torn");
+        run(move || async move {
+            let log = Log::open(&dir, small(), 0).await.unwrap();
+            append_n(&log, 30, 0).await;
+            log.close().await.unwrap();
+            drop(log);
+            // Damage the last batch of the last segment and delete a closed segment's index.
+            let mut logs: Vec<_> = std::fs::read_dir(&dir).unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.extension().is_some_and(|x| x == "log"))
+                .collect();
+            logs.sort();
+            let last = logs.last().unwrap().clone();
+            let mut bytes = std::fs::read(&last).unwrap();
+            let keep = bytes.len() - 50;
+            bytes.truncate(keep);
+            bytes.extend_from_slice(&[7u8; 20]);
+            std::fs::write(&last, &bytes).unwrap();
+            let _ = std::fs::remove_file(logs[0].with_extension("index"));
+            let log = Log::open(&dir, small(), 0).await.unwrap();
+            assert_eq!(log.end_offset(), 58, "only the torn last batch is gone");
+            assert_eq!(read_all(&log, 0).await.len(), 29);
+            append_n(&log, 1, 0).await;
+            assert_eq!(log.end_offset(), 60);
+        });
+    }
+
+    #[test]
+    fn retention_and_delete_records() {
+        let dir = tmpdir("retention");
+        run(move || async move {
+            let log = Log::open(&dir, small(), 0).await.unwrap();
+            append_n(&log, 100, 1000).await;
+            let deleted = log.apply_retention(10_000, -1, 15_000).await.unwrap();
+            assert!(deleted > 0);
+            assert!(log.size_bytes() >= 15_000 - 10_000);
+            let start = log.start_offset();
+            assert!(start > 0);
+            assert!(matches!(log.read(0, 100, i64::MAX).await, Err(LogError::OffsetOutOfRange { .. })));
+            assert_eq!(log.advance_start(start + 3).await.unwrap(), start + 3);
+            drop(log);
+            let log = Log::open(&dir, small(), 0).await.unwrap();
+            assert_eq!(log.start_offset(), start + 3);
+            let b = log.read(start + 3, 1, i64::MAX).await.unwrap();
+            assert_eq!(BatchHeader::parse(&b).unwrap().base_offset, start + 2);
+        });
+    }
+}

@@ -1,0 +1,202 @@
+"""Fixtures for the end-to-end tests: a real broker process and real clients.
+
+The system under test is chosen by FERROLOG_TARGET:
+
+  ferrolog (default)  $FERROLOG_BIN, else <repo>/target/release/ferrolog, started as
+                      `ferrolog start --cores 2 --override listeners=... ...`
+  apache              Apache Kafka 4.1 via scripts/start-apache-kafka.sh, the
+                      reference: the whole suite must pass against it, so that a
+                      failure against ferrolog is ferrolog's.
+
+Each test that asks for `broker` gets a fresh process on free loopback ports with
+its own data directory under pytest's tmp_path. The broker's stdout and stderr go
+to broker.log next to the data directory; when a test fails, the tail of that log
+is attached to the report. The process is always killed at teardown.
+
+Client prerequisites come from scripts/install-test-deps.sh (and, for the
+apache target, scripts/fetch-apache-kafka.sh); a missing one fails the test
+with the command to run, rather than skipping it.
+"""
+
+import os
+import resource
+import signal
+import socket
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from support import CACHE, REPO_ROOT
+
+TARGET = os.environ.get("FERROLOG_TARGET", "ferrolog")
+
+# Kafka answers nothing until its KRaft controller has registered the broker;
+# after kill -9 that waits for the old registration's session to expire.
+READY_TIMEOUT_S = 120
+STOP_TIMEOUT_S = 30
+
+# Apache Kafka only: a killed broker's old registration blocks the restarted one
+# (DUPLICATE_BROKER_REGISTRATION) until broker.session.timeout.ms (9 s) passes.
+# Shorter heartbeats make kill/restart cycles quicker; nothing a client sees changes.
+APACHE_TEST_CONFIG = ("broker.heartbeat.interval.ms=500", "broker.session.timeout.ms=3000")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def answers_api_versions(port, timeout_s=2.0):
+    """True when something on `port` answers an ApiVersions v0 request.
+
+    A listening socket is not enough: Apache Kafka binds its port before it
+    serves requests, and the kernel completes connections into the backlog.
+    """
+    request = struct.pack(">hhih", 18, 0, 0x5E7A, -1)  # api key, version, correlation id, null client id
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as s:
+            s.sendall(struct.pack(">i", len(request)) + request)
+            head = b""
+            while len(head) < 8:
+                chunk = s.recv(8 - len(head))
+                if not chunk:
+                    return False
+                head += chunk
+            return struct.unpack(">ii", head)[1] == 0x5E7A
+    except OSError:
+        return False
+
+
+def _raise_memlock():
+    # ferrolog's io_uring/Direct I/O buffers are locked memory; we run as root,
+    # so the hard limit can be raised too. Best effort: a lower limit shows up
+    # in the broker's own error message.
+    try:
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    except (ValueError, OSError):
+        pass
+
+
+class Broker:
+    """One broker process of the system under test, on fixed ports and one data dir."""
+
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+        self.data_dir = workdir / "data"
+        self.log_path = workdir / "broker.log"
+        self.port = free_port()
+        self.controller_port = free_port()
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.proc = None
+        self.starts = 0
+
+    def _command(self):
+        if TARGET == "apache":
+            script = REPO_ROOT / "scripts" / "start-apache-kafka.sh"
+            lib = CACHE / "apache-kafka" / "lib"
+            if not any(lib.glob("kafka_2.13-*.jar")):
+                pytest.fail(f"Apache Kafka is not in {lib}: run scripts/fetch-apache-kafka.sh")
+            env = dict(os.environ, FOREGROUND="1", CONTROLLER_PORT=str(self.controller_port))
+            return ["bash", str(script), str(self.port), str(self.data_dir), *APACHE_TEST_CONFIG], env, None
+        if TARGET == "ferrolog":
+            binary = Path(os.environ.get("FERROLOG_BIN", REPO_ROOT / "target" / "release" / "ferrolog"))
+            if not binary.is_file():
+                pytest.fail(f"no ferrolog binary at {binary}: build it (cargo build --release) or set FERROLOG_BIN")
+            listener = f"PLAINTEXT://127.0.0.1:{self.port}"
+            cmd = [
+                str(binary), "start", "--cores", "2",
+                "--override", f"listeners={listener}",
+                "--override", f"advertised.listeners={listener}",
+                "--override", f"log.dirs={self.data_dir}",
+                "--override", "num.partitions=1",
+            ]  # fmt: skip
+            env = dict(os.environ, RUST_BACKTRACE="1")
+            return cmd, env, _raise_memlock
+        pytest.fail(f"FERROLOG_TARGET={TARGET!r}: expected 'ferrolog' or 'apache'")
+
+    def start(self):
+        assert self.proc is None, "broker already running"
+        cmd, env, preexec = self._command()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.starts += 1
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n===== start #{self.starts}: {' '.join(cmd)}\n".encode())
+            log.flush()
+            # Own session: a test's Ctrl-C does not reach the broker before teardown does.
+            self.proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=env, preexec_fn=preexec, start_new_session=True,
+            )  # fmt: skip
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not answers_api_versions(self.port):
+            if self.proc.poll() is not None:
+                code = self.proc.returncode
+                self.proc = None
+                pytest.fail(f"broker exited with status {code} during start-up:\n{self.log_tail(40)}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"broker did not answer ApiVersions on {self.bootstrap} within {READY_TIMEOUT_S} s")
+            time.sleep(0.1)
+        return self
+
+    def kill9(self):
+        """SIGKILL, as a crash or power-off of the process would be; waits until it is gone."""
+        assert self.proc is not None, "broker not running"
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=STOP_TIMEOUT_S)
+        self.proc = None
+
+    def stop(self):
+        """Clean shutdown (SIGTERM), escalating to SIGKILL after STOP_TIMEOUT_S."""
+        if self.proc is None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def restart(self):
+        """Start again on the same port and data directory (stopping it first if running)."""
+        self.stop()
+        return self.start()
+
+    def log_tail(self, lines=80):
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 256 * 1024))
+                text = f.read().decode(errors="replace")
+        except FileNotFoundError:
+            return "(no broker log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@pytest.fixture
+def broker(tmp_path):
+    b = Broker(tmp_path)
+    try:
+        yield b.start()
+    finally:
+        if b.proc is not None:
+            b.proc.kill()
+            b.proc.wait()
+            b.proc = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    b = getattr(item, "funcargs", {}).get("broker")
+    if report.failed and isinstance(b, Broker):
+        report.sections.append((f"broker output, tail of {b.log_path}", b.log_tail()))
+
+
+def pytest_report_header(config):
+    return f"system under test: FERROLOG_TARGET={TARGET}"

@@ -1,0 +1,58 @@
+"""Helpers shared by the client tests: paths, running client programs with deadlines."""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CACHE = REPO_ROOT / ".cache"
+
+
+def need(path: Path, hint="run scripts/install-test-deps.sh"):
+    if not Path(path).exists():
+        pytest.fail(f"{path} is missing: {hint}")
+    return Path(path)
+
+
+def need_tool(name, hint="run scripts/install-test-deps.sh"):
+    found = shutil.which(name)
+    if not found:
+        pytest.fail(f"{name} is not on PATH: {hint}")
+    return found
+
+
+def run(cmd, timeout_s, input_text=None, check=True, env=None):
+    """Run a client program with a deadline; a non-zero exit fails the test with its output."""
+    try:
+        p = subprocess.run(
+            cmd, input=input_text, capture_output=True, text=True, timeout=timeout_s,
+            env=None if env is None else dict(os.environ, **env),
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{cmd[0]} did not finish within {timeout_s} s\nstdout:\n{_tail(e.stdout)}\nstderr:\n{_tail(e.stderr)}")
+    if check and p.returncode != 0:
+        pytest.fail(f"{' '.join(map(str, cmd))}\nexited {p.returncode}\nstdout:\n{_tail(p.stdout)}\nstderr:\n{_tail(p.stderr)}")
+    return p
+
+
+def _tail(text, lines=60):
+    if text is None:
+        return ""
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def java(main_class, *args, timeout_s=180, input_text=None, check=True):
+    """Run a class from the Java test classpath (.cache/java/lib, built by mvn package)."""
+    lib = need(CACHE / "java" / "lib" / "ferrolog-client-tests.jar").parent
+    need_tool("java")
+    cmd = [
+        "java", "-Xmx512m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",
+        "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+        "-cp", f"{lib}/*", main_class, *map(str, args),
+    ]  # fmt: skip
+    return run(cmd, timeout_s, input_text=input_text, check=check)

@@ -106,7 +106,11 @@ java_opts=(
 
 if [[ ! -f "$log_dir/meta.properties" ]]; then
     # Kafka cluster ids are 16 random bytes in URL-safe base64 without padding.
-    cluster_id="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')"
+    # Like Kafka's Uuid.randomUuid, never start with '-': the tool would read it as an option.
+    cluster_id=-
+    while [[ "$cluster_id" == -* ]]; do
+        cluster_id="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')"
+    done
     # The tool prints the whole KafkaConfig; keep that out of the way unless it fails.
     if ! java -Xmx256m "-Dlog4j2.configurationFile=$log4j_config" -cp "$lib_dir/*" \
         kafka.tools.StorageTool format --config "$props" --cluster-id "$cluster_id" --standalone \

@@ -158,6 +158,11 @@ impl Log {
         self.state.borrow().durable
     }
 
+    /// Base offset of the segment that takes appends.
+    pub fn active_base_offset(&self) -> i64 {
+        self.state.borrow().segments.last().expect("active segment").base_offset
+    }
+
     pub fn start_offset(&self) -> i64 {
         self.state.borrow().log_start
     }

@@ -1,0 +1,434 @@
+//! Broker and topic configuration, under Apache Kafka's own names and defaults.
+//!
+//! `ferrolog start` reads an optional `server.properties` and `--override KEY=VALUE` pairs.
+//! Keys ferrolog implements are parsed and range-checked; keys that Kafka knows but that have no
+//! meaning here (thread pools, JMX, ...) are accepted with a warning; anything else stops
+//! start-up with a message naming the key. Topic configs (`retention.ms`, `segment.bytes`, ...)
+//! are described by one table, `TOPIC_CONFIGS`, used by CreateTopics, DescribeConfigs and the
+//! AlterConfigs APIs alike.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+
+/// Settings of the whole broker process.
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    /// `node.id`.
+    pub node_id: i32,
+    /// `listeners`: where the Kafka protocol is served (PLAINTEXT only).
+    pub listen_addr: SocketAddr,
+    /// `advertised.listeners`: host and port clients are told to connect to.
+    pub advertised_host: String,
+    pub advertised_port: u16,
+    /// `log.dirs` (first entry) or `log.dir`.
+    pub log_dir: PathBuf,
+    /// `num.partitions`: partitions of an auto-created topic, and CreateTopics' default.
+    pub num_partitions: i32,
+    /// `default.replication.factor`.
+    pub default_replication_factor: i16,
+    /// `auto.create.topics.enable`.
+    pub auto_create_topics: bool,
+    /// `delete.topic.enable`.
+    pub delete_topic_enable: bool,
+    /// `socket.request.max.bytes`: a larger request frame closes the connection.
+    pub socket_request_max_bytes: usize,
+    /// `log.retention.check.interval.ms`.
+    pub retention_check_interval_ms: u64,
+    /// Broker-level defaults of topic configs (`log.segment.bytes` -> `segment.bytes`, ...).
+    pub topic_defaults: BTreeMap<&'static str, String>,
+}
+
+/// One topic-level config: its Kafka name, the broker key that sets its default, the default,
+/// its type and its valid range.
+pub struct TopicConfigDef {
+    pub name: &'static str,
+    pub broker_key: Option<&'static str>,
+    pub default: &'static str,
+    pub kind: ConfigKind,
+    /// Whether ferrolog acts on it (others are stored and described, with no effect yet).
+    pub honoured: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigKind {
+    Long { min: i64 },
+    Int { min: i64 },
+    Bool,
+    Str,
+    /// A value from a fixed set (comma-separated list allowed for `cleanup.policy`).
+    OneOf(&'static [&'static str]),
+    List(&'static [&'static str]),
+    Double,
+}
+
+impl ConfigKind {
+    /// Kafka's DescribeConfigs `config_type`: BOOLEAN=1, STRING=2, INT=3, LONG=5, DOUBLE=6, LIST=7.
+    pub fn describe_type(self) -> i8 {
+        match self {
+            ConfigKind::Bool => 1,
+            ConfigKind::Str | ConfigKind::OneOf(_) => 2,
+            ConfigKind::Int { .. } => 3,
+            ConfigKind::Long { .. } => 5,
+            ConfigKind::Double => 6,
+            ConfigKind::List(_) => 7,
+        }
+    }
+}
+
+const LONG0: ConfigKind = ConfigKind::Long { min: 0 };
+const LONGM1: ConfigKind = ConfigKind::Long { min: -1 };
+
+/// Every topic config Kafka 4.1 defines, with its default.
+pub const TOPIC_CONFIGS: &[TopicConfigDef] = &[
+    def("cleanup.policy", Some("log.cleanup.policy"), "delete", ConfigKind::List(&["delete", "compact"]), false),
+    def("compression.gzip.level", Some("compression.gzip.level"), "-1", ConfigKind::Int { min: -1 }, false),
+    def("compression.lz4.level", Some("compression.lz4.level"), "9", ConfigKind::Int { min: 1 }, false),
+    def("compression.type", Some("compression.type"), "producer", ConfigKind::OneOf(&["uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"]), false),
+    def("compression.zstd.level", Some("compression.zstd.level"), "3", ConfigKind::Int { min: -131072 }, false),
+    def("delete.retention.ms", Some("log.cleaner.delete.retention.ms"), "86400000", LONG0, false),
+    def("file.delete.delay.ms", Some("log.segment.delete.delay.ms"), "60000", LONG0, false),
+    def("flush.messages", Some("log.flush.interval.messages"), "9223372036854775807", ConfigKind::Long { min: 1 }, false),
+    def("flush.ms", Some("log.flush.interval.ms"), "9223372036854775807", LONG0, false),
+    def("follower.replication.throttled.replicas", None, "", ConfigKind::Str, false),
+    def("index.interval.bytes", Some("log.index.interval.bytes"), "4096", ConfigKind::Int { min: 0 }, true),
+    def("leader.replication.throttled.replicas", None, "", ConfigKind::Str, false),
+    def("local.retention.bytes", Some("log.local.retention.bytes"), "-2", ConfigKind::Long { min: -2 }, false),
+    def("local.retention.ms", Some("log.local.retention.ms"), "-2", ConfigKind::Long { min: -2 }, false),
+    def("max.compaction.lag.ms", Some("log.cleaner.max.compaction.lag.ms"), "9223372036854775807", ConfigKind::Long { min: 1 }, false),
+    def("max.message.bytes", Some("message.max.bytes"), "1048588", ConfigKind::Int { min: 0 }, true),
+    def("message.downconversion.enable", None, "true", ConfigKind::Bool, false),
+    def("message.timestamp.after.max.ms", Some("log.message.timestamp.after.max.ms"), "3600000", LONG0, true),
+    def("message.timestamp.before.max.ms", Some("log.message.timestamp.before.max.ms"), "9223372036854775807", LONG0, true),
+    def("message.timestamp.type", Some("log.message.timestamp.type"), "CreateTime", ConfigKind::OneOf(&["CreateTime", "LogAppendTime"]), true),
+    def("min.cleanable.dirty.ratio", Some("log.cleaner.min.cleanable.ratio"), "0.5", ConfigKind::Double, false),
+    def("min.compaction.lag.ms", Some("log.cleaner.min.compaction.lag.ms"), "0", LONG0, false),
+    def("min.insync.replicas", Some("min.insync.replicas"), "1", ConfigKind::Int { min: 1 }, true),
+    def("preallocate", Some("log.preallocate"), "false", ConfigKind::Bool, false),
+    def("remote.log.copy.disable", None, "false", ConfigKind::Bool, false),
+    def("remote.log.delete.on.disable", None, "false", ConfigKind::Bool, false),
+    def("remote.storage.enable", None, "false", ConfigKind::Bool, false),
+    def("retention.bytes", Some("log.retention.bytes"), "-1", LONGM1, true),
+    def("retention.ms", Some("log.retention.ms"), "604800000", LONGM1, true),
+    def("segment.bytes", Some("log.segment.bytes"), "1073741824", ConfigKind::Int { min: 14 }, true),
+    def("segment.index.bytes", Some("log.index.size.max.bytes"), "10485760", ConfigKind::Int { min: 4 }, false),
+    def("segment.jitter.ms", Some("log.roll.jitter.ms"), "0", LONG0, false),
+    def("segment.ms", Some("log.roll.ms"), "604800000", ConfigKind::Long { min: 1 }, true),
+    def("unclean.leader.election.enable", Some("unclean.leader.election.enable"), "false", ConfigKind::Bool, false),
+];
+
+const fn def(
+    name: &'static str,
+    broker_key: Option<&'static str>,
+    default: &'static str,
+    kind: ConfigKind,
+    honoured: bool,
+) -> TopicConfigDef {
+    TopicConfigDef {
+        name,
+        broker_key,
+        default,
+        kind,
+        honoured,
+    }
+}
+
+pub fn topic_config_def(name: &str) -> Option<&'static TopicConfigDef> {
+    TOPIC_CONFIGS.iter().find(|d| d.name == name)
+}
+
+/// Checks one value against its definition; the error is the message Kafka clients see.
+pub fn validate_value(def: &TopicConfigDef, value: &str) -> Result<(), String> {
+    let bad = |why: &str| Err(format!("Invalid value {value} for configuration {}: {why}", def.name));
+    match def.kind {
+        ConfigKind::Long { min } | ConfigKind::Int { min } => match value.trim().parse::<i64>() {
+            Ok(v) if v < min => bad(&format!("Value must be at least {min}")),
+            Ok(v) if matches!(def.kind, ConfigKind::Int { .. }) && v > i64::from(i32::MAX) => {
+                bad("Not a number of type INT")
+            }
+            Ok(_) => Ok(()),
+            Err(_) => bad("Not a number"),
+        },
+        ConfigKind::Bool => match value.trim().to_ascii_lowercase().as_str() {
+            "true" | "false" => Ok(()),
+            _ => bad("Expected value to be either true or false"),
+        },
+        ConfigKind::Double => value.trim().parse::<f64>().map(|_| ()).or_else(|_| bad("Not a number")),
+        ConfigKind::Str => Ok(()),
+        ConfigKind::OneOf(allowed) => {
+            if allowed.contains(&value.trim()) {
+                Ok(())
+            } else {
+                bad(&format!("String must be one of: {}", allowed.join(", ")))
+            }
+        }
+        ConfigKind::List(allowed) => {
+            for item in value.split(',').map(str::trim) {
+                if !allowed.contains(&item) {
+                    return bad(&format!("String must be one of: {}", allowed.join(", ")));
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Broker keys Kafka defines that have no effect in ferrolog; accepted with a warning so an
+/// existing `server.properties` works.
+const IGNORED_BROKER_KEYS: &[&str] = &[
+    "process.roles",
+    "controller.quorum.voters",
+    "controller.quorum.bootstrap.servers",
+    "controller.listener.names",
+    "inter.broker.listener.name",
+    "listener.security.protocol.map",
+    "num.network.threads",
+    "num.io.threads",
+    "num.replica.fetchers",
+    "num.recovery.threads.per.data.dir",
+    "socket.send.buffer.bytes",
+    "socket.receive.buffer.bytes",
+    "offsets.topic.replication.factor",
+    "offsets.topic.num.partitions",
+    "transaction.state.log.replication.factor",
+    "transaction.state.log.min.isr",
+    "group.initial.rebalance.delay.ms",
+    "share.coordinator.state.topic.replication.factor",
+    "share.coordinator.state.topic.min.isr",
+    "log.flush.interval.messages",
+    "log.flush.interval.ms",
+    "log.cleaner.enable",
+    "broker.rack",
+    "zookeeper.connect",
+];
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        let mut topic_defaults = BTreeMap::new();
+        for d in TOPIC_CONFIGS {
+            topic_defaults.insert(d.name, d.default.to_string());
+        }
+        BrokerConfig {
+            node_id: 1,
+            listen_addr: "127.0.0.1:9092".parse().expect("valid address"),
+            advertised_host: "127.0.0.1".into(),
+            advertised_port: 9092,
+            log_dir: PathBuf::from("ferrolog-data"),
+            num_partitions: 1,
+            default_replication_factor: 1,
+            auto_create_topics: true,
+            delete_topic_enable: true,
+            socket_request_max_bytes: 104_857_600,
+            retention_check_interval_ms: 300_000,
+            topic_defaults,
+        }
+    }
+}
+
+/// Parses Java-properties text: `key=value` or `key: value`, `#`/`!` comments, `\` line
+/// continuations.
+pub fn parse_properties(text: &str) -> anyhow::Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    let mut logical = String::new();
+    for (n, raw) in text.lines().enumerate() {
+        let line = raw.trim_start();
+        if logical.is_empty() && (line.is_empty() || line.starts_with('#') || line.starts_with('!')) {
+            continue;
+        }
+        if let Some(stripped) = line.strip_suffix('\\') {
+            logical.push_str(stripped);
+            continue;
+        }
+        logical.push_str(line);
+        let entry = std::mem::take(&mut logical);
+        let split = entry
+            .find(['=', ':'])
+            .with_context(|| format!("line {}: expected KEY=VALUE, got {entry:?}", n + 1))?;
+        out.push((entry[..split].trim().to_string(), entry[split + 1..].trim().to_string()));
+    }
+    Ok(out)
+}
+
+fn parse_listener(value: &str, key: &str) -> anyhow::Result<(String, u16)> {
+    let first = value.split(',').next().unwrap_or_default().trim();
+    let Some((proto, hostport)) = first.split_once("://") else {
+        bail!("{key}={value}: expected PLAINTEXT://HOST:PORT");
+    };
+    if proto != "PLAINTEXT" {
+        bail!("{key}={value}: only PLAINTEXT listeners are supported");
+    }
+    let (host, port) = hostport
+        .rsplit_once(':')
+        .with_context(|| format!("{key}={value}: missing port"))?;
+    let port: u16 = port.parse().with_context(|| format!("{key}={value}: bad port"))?;
+    Ok((host.trim_matches(['[', ']']).to_string(), port))
+}
+
+impl BrokerConfig {
+    /// Applies settings in order; later ones win. Unknown keys are an error.
+    pub fn apply(&mut self, settings: &[(String, String)]) -> anyhow::Result<()> {
+        let mut advertised_set = false;
+        for (key, value) in settings {
+            let v = value.as_str();
+            let int = |min: i64, max: i64| -> anyhow::Result<i64> {
+                let n: i64 = v.parse().with_context(|| format!("{key}={v}: not a number"))?;
+                if n < min || n > max {
+                    bail!("{key}={v}: must be between {min} and {max}");
+                }
+                Ok(n)
+            };
+            let boolean = || -> anyhow::Result<bool> {
+                match v.to_ascii_lowercase().as_str() {
+                    "true" => Ok(true),
+                    "false" => Ok(false),
+                    _ => bail!("{key}={v}: expected true or false"),
+                }
+            };
+            match key.as_str() {
+                "node.id" | "broker.id" => self.node_id = int(0, i64::from(i32::MAX))? as i32,
+                "listeners" => {
+                    let (host, port) = parse_listener(v, key)?;
+                    let bind_host = if host.is_empty() { "0.0.0.0".to_string() } else { host.clone() };
+                    self.listen_addr = format!("{bind_host}:{port}")
+                        .parse()
+                        .with_context(|| format!("{key}={v}: host must be an IP address"))?;
+                    if !advertised_set {
+                        self.advertised_host = if host.is_empty() || host == "0.0.0.0" {
+                            "127.0.0.1".into()
+                        } else {
+                            host
+                        };
+                        self.advertised_port = port;
+                    }
+                }
+                "advertised.listeners" => {
+                    let (host, port) = parse_listener(v, key)?;
+                    self.advertised_host = host;
+                    self.advertised_port = port;
+                    advertised_set = true;
+                }
+                "log.dirs" | "log.dir" => {
+                    let first = v.split(',').next().unwrap_or_default().trim();
+                    if first.is_empty() {
+                        bail!("{key} is empty");
+                    }
+                    self.log_dir = PathBuf::from(first);
+                }
+                "num.partitions" => self.num_partitions = int(1, 1_000_000)? as i32,
+                "default.replication.factor" => {
+                    self.default_replication_factor = int(1, 1)? as i16;
+                }
+                "auto.create.topics.enable" => self.auto_create_topics = boolean()?,
+                "delete.topic.enable" => self.delete_topic_enable = boolean()?,
+                "socket.request.max.bytes" => self.socket_request_max_bytes = int(1, i64::from(i32::MAX))? as usize,
+                "log.retention.check.interval.ms" => self.retention_check_interval_ms = int(1, i64::MAX)? as u64,
+                "log.retention.minutes" => self.set_topic_default("retention.ms", &(int(-1, i64::MAX / 60_000)? * 60_000).to_string(), key)?,
+                "log.retention.hours" => self.set_topic_default("retention.ms", &(int(-1, i64::MAX / 3_600_000)? * 3_600_000).to_string(), key)?,
+                "log.roll.hours" => self.set_topic_default("segment.ms", &(int(1, i64::MAX / 3_600_000)? * 3_600_000).to_string(), key)?,
+                k if IGNORED_BROKER_KEYS.contains(&k) => {
+                    tracing::warn!(key = k, value = v, "config has no effect in ferrolog; ignored");
+                }
+                k => {
+                    let def = TOPIC_CONFIGS.iter().find(|d| d.broker_key == Some(k));
+                    match def {
+                        Some(d) => self.set_topic_default(d.name, v, key)?,
+                        None => bail!("unknown config key {k:?} (ferrolog accepts Apache Kafka's broker config names)"),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn set_topic_default(&mut self, name: &'static str, value: &str, key: &str) -> anyhow::Result<()> {
+        let def = topic_config_def(name).expect("known topic config");
+        validate_value(def, value).map_err(|e| anyhow::anyhow!("{key}: {e}"))?;
+        self.topic_defaults.insert(def.name, value.to_string());
+        Ok(())
+    }
+}
+
+/// The effective settings of one topic: its own overrides over the broker defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopicSettings {
+    pub retention_ms: i64,
+    pub retention_bytes: i64,
+    pub segment_bytes: u64,
+    pub segment_ms: i64,
+    pub index_interval_bytes: u32,
+    pub max_message_bytes: usize,
+    pub log_append_time: bool,
+    pub timestamp_before_max_ms: i64,
+    pub timestamp_after_max_ms: i64,
+    pub min_insync_replicas: i32,
+}
+
+impl TopicSettings {
+    pub fn resolve(defaults: &BTreeMap<&'static str, String>, overrides: &BTreeMap<String, String>) -> TopicSettings {
+        let get = |name: &str| -> &str {
+            overrides
+                .get(name)
+                .map(String::as_str)
+                .or_else(|| defaults.get(name).map(String::as_str))
+                .expect("every topic config has a default")
+        };
+        let num = |name: &str| -> i64 { get(name).trim().parse().expect("validated config") };
+        TopicSettings {
+            retention_ms: num("retention.ms"),
+            retention_bytes: num("retention.bytes"),
+            segment_bytes: num("segment.bytes") as u64,
+            segment_ms: num("segment.ms"),
+            index_interval_bytes: num("index.interval.bytes") as u32,
+            max_message_bytes: num("max.message.bytes") as usize,
+            log_append_time: get("message.timestamp.type") == "LogAppendTime",
+            timestamp_before_max_ms: num("message.timestamp.before.max.ms"),
+            timestamp_after_max_ms: num("message.timestamp.after.max.ms"),
+            min_insync_replicas: num("min.insync.replicas") as i32,
+        }
+    }
+
+    pub fn log_config(&self) -> ferrolog_io::LogConfig {
+        ferrolog_io::LogConfig {
+            segment_bytes: self.segment_bytes,
+            segment_ms: self.segment_ms,
+            index_interval_bytes: self.index_interval_bytes,
+            ..ferrolog_io::LogConfig::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn properties_and_overrides() {
+        let props = parse_properties("# c\nlisteners=PLAINTEXT://127.0.0.1:19092\nlog.dirs = /tmp/x,/tmp/y\nlog.segment.bytes=\\\n  1024\nnum.io.threads=8\n").unwrap();
+        let mut c = BrokerConfig::default();
+        c.apply(&props).unwrap();
+        assert_eq!(c.listen_addr.port(), 19092);
+        assert_eq!(c.advertised_port, 19092);
+        assert_eq!(c.log_dir, PathBuf::from("/tmp/x"));
+        assert_eq!(c.topic_defaults["segment.bytes"], "1024");
+        let err = c.apply(&[("no.such.key".into(), "1".into())]).unwrap_err();
+        assert!(err.to_string().contains("no.such.key"));
+        assert!(c.apply(&[("log.segment.bytes".into(), "5".into())]).is_err());
+        assert!(c.apply(&[("num.partitions".into(), "zero".into())]).is_err());
+    }
+
+    #[test]
+    fn topic_settings_resolve() {
+        let c = BrokerConfig::default();
+        let mut o = BTreeMap::new();
+        o.insert("retention.ms".to_string(), "1000".to_string());
+        let s = TopicSettings::resolve(&c.topic_defaults, &o);
+        assert_eq!(s.retention_ms, 1000);
+        assert_eq!(s.segment_bytes, 1 << 30);
+        assert_eq!(s.max_message_bytes, 1_048_588);
+        let d = topic_config_def("cleanup.policy").unwrap();
+        assert!(validate_value(d, "compact,delete").is_ok());
+        assert!(validate_value(d, "nope").is_err());
+    }
+}

@@ -1,0 +1,126 @@
+//! Operational errors of the broker and the one function that maps them to Kafka error codes.
+
+use ferrolog_io::LogError;
+use kafka_protocol::ResponseError;
+
+/// An operational error: the request (or one partition of it) fails, the broker goes on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BrokerError {
+    #[error("This server does not host this topic-partition.")]
+    UnknownTopicOrPartition,
+    #[error("This server does not host this topic ID.")]
+    UnknownTopicId,
+    #[error("{0}")]
+    InvalidTopic(String),
+    #[error("Topic '{0}' already exists.")]
+    TopicAlreadyExists(String),
+    #[error("{0}")]
+    InvalidPartitions(String),
+    #[error("{0}")]
+    InvalidReplicationFactor(String),
+    #[error("{0}")]
+    InvalidConfig(String),
+    #[error("{0}")]
+    InvalidRequest(String),
+    #[error("Topic deletion is disabled.")]
+    TopicDeletionDisabled,
+    #[error("{0}")]
+    CorruptMessage(String),
+    #[error("{0}")]
+    InvalidRecord(String),
+    #[error("{0}")]
+    MessageTooLarge(String),
+    #[error("{0}")]
+    InvalidTimestamp(String),
+    #[error("The broker received an out of order sequence number.")]
+    OutOfOrderSequence,
+    #[error("Producer attempted to produce with an old epoch.")]
+    InvalidProducerEpoch,
+    #[error("Produce request specified an invalid value for required acks.")]
+    InvalidRequiredAcks,
+    #[error("The requested offset is not within the range of offsets maintained by the server.")]
+    OffsetOutOfRange,
+    #[error("{0}")]
+    Storage(String),
+    #[error("The version of API is not supported.")]
+    UnsupportedVersion,
+}
+
+impl BrokerError {
+    pub fn from_log(e: LogError) -> BrokerError {
+        match e {
+            LogError::OffsetOutOfRange { .. } => BrokerError::OffsetOutOfRange,
+            LogError::Io(_) | LogError::Corrupt(_) | LogError::InvalidBatch(_) | LogError::Closed => {
+                BrokerError::Storage(e.to_string())
+            }
+        }
+    }
+
+    /// The Kafka error code clients see.
+    pub fn code(&self) -> i16 {
+        kafka_error(self).code()
+    }
+
+    /// The message clients see, where the API has a message field.
+    pub fn message(&self) -> Option<String> {
+        Some(self.to_string())
+    }
+}
+
+/// The one mapping from internal errors to Kafka's error codes.
+pub fn kafka_error(e: &BrokerError) -> ResponseError {
+    match e {
+        BrokerError::UnknownTopicOrPartition => ResponseError::UnknownTopicOrPartition,
+        BrokerError::UnknownTopicId => ResponseError::UnknownTopicId,
+        BrokerError::InvalidTopic(_) => ResponseError::InvalidTopicException,
+        BrokerError::TopicAlreadyExists(_) => ResponseError::TopicAlreadyExists,
+        BrokerError::InvalidPartitions(_) => ResponseError::InvalidPartitions,
+        BrokerError::InvalidReplicationFactor(_) => ResponseError::InvalidReplicationFactor,
+        BrokerError::InvalidConfig(_) => ResponseError::InvalidConfig,
+        BrokerError::InvalidRequest(_) => ResponseError::InvalidRequest,
+        BrokerError::TopicDeletionDisabled => ResponseError::TopicDeletionDisabled,
+        BrokerError::CorruptMessage(_) => ResponseError::CorruptMessage,
+        BrokerError::InvalidRecord(_) => ResponseError::InvalidRecord,
+        BrokerError::MessageTooLarge(_) => ResponseError::MessageTooLarge,
+        BrokerError::InvalidTimestamp(_) => ResponseError::InvalidTimestamp,
+        BrokerError::OutOfOrderSequence => ResponseError::OutOfOrderSequenceNumber,
+        BrokerError::InvalidProducerEpoch => ResponseError::InvalidProducerEpoch,
+        BrokerError::InvalidRequiredAcks => ResponseError::InvalidRequiredAcks,
+        BrokerError::OffsetOutOfRange => ResponseError::OffsetOutOfRange,
+        BrokerError::Storage(_) => ResponseError::KafkaStorageError,
+        BrokerError::UnsupportedVersion => ResponseError::UnsupportedVersion,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_match_kafka() {
+        let table: &[(BrokerError, i16)] = &[
+            (BrokerError::OffsetOutOfRange, 1),
+            (BrokerError::CorruptMessage(String::new()), 2),
+            (BrokerError::UnknownTopicOrPartition, 3),
+            (BrokerError::MessageTooLarge(String::new()), 10),
+            (BrokerError::InvalidTopic(String::new()), 17),
+            (BrokerError::InvalidRequiredAcks, 21),
+            (BrokerError::InvalidTimestamp(String::new()), 32),
+            (BrokerError::UnsupportedVersion, 35),
+            (BrokerError::TopicAlreadyExists(String::new()), 36),
+            (BrokerError::InvalidPartitions(String::new()), 37),
+            (BrokerError::InvalidReplicationFactor(String::new()), 38),
+            (BrokerError::InvalidConfig(String::new()), 40),
+            (BrokerError::InvalidRequest(String::new()), 42),
+            (BrokerError::OutOfOrderSequence, 45),
+            (BrokerError::InvalidProducerEpoch, 47),
+            (BrokerError::Storage(String::new()), 56),
+            (BrokerError::TopicDeletionDisabled, 73),
+            (BrokerError::InvalidRecord(String::new()), 87),
+            (BrokerError::UnknownTopicId, 100),
+        ];
+        for (e, code) in table {
+            assert_eq!(e.code(), *code, "{e:?}");
+        }
+    }
+}

@@ -1,0 +1,265 @@
+//! The handler table, version checks, and request/response framing.
+
+use std::rc::Rc;
+
+use bytes::{Buf, Bytes, BytesMut};
+use futures::future::LocalBoxFuture;
+use futures::FutureExt;
+use kafka_protocol::messages::api_versions_response::ApiVersion;
+use kafka_protocol::messages::{ApiKey, ApiVersionsResponse, RequestHeader, RequestKind, ResponseHeader, ResponseKind};
+use kafka_protocol::protocol::{Decodable, Encodable};
+
+use crate::errors::BrokerError;
+use crate::kafka::handlers;
+use crate::kafka::RequestContext;
+use crate::shard::Shard;
+
+/// One served API: the versions advertised in ApiVersions and the versions decoded.
+pub struct Handler {
+    pub key: ApiKey,
+    /// Lowest version advertised. Equal to `min` except for Produce, which Kafka 4.x
+    /// advertises from 0 (older librdkafka refuses a broker whose Produce starts above 0) while
+    /// closing the connection on v0-2 (KIP-896).
+    pub advertised_min: i16,
+    pub min: i16,
+    pub max: i16,
+}
+
+const fn h(key: ApiKey, min: i16, max: i16) -> Handler {
+    Handler {
+        key,
+        advertised_min: min,
+        min,
+        max,
+    }
+}
+
+/// Every API ferrolog serves, with Apache Kafka 4.1's version ranges. ApiVersions is built
+/// from this table; an API absent here is neither advertised nor answered.
+pub const HANDLERS: &[Handler] = &[
+    Handler {
+        key: ApiKey::Produce,
+        advertised_min: 0,
+        min: 3,
+        max: 13,
+    },
+    h(ApiKey::Fetch, 4, 18),
+    h(ApiKey::ListOffsets, 1, 10),
+    h(ApiKey::Metadata, 0, 13),
+    h(ApiKey::ApiVersions, 0, 4),
+    h(ApiKey::CreateTopics, 2, 7),
+    h(ApiKey::DeleteTopics, 1, 6),
+    h(ApiKey::DeleteRecords, 0, 2),
+    h(ApiKey::InitProducerId, 0, 5),
+    h(ApiKey::OffsetForLeaderEpoch, 2, 4),
+    h(ApiKey::DescribeConfigs, 1, 4),
+    h(ApiKey::AlterConfigs, 0, 2),
+    h(ApiKey::CreatePartitions, 0, 3),
+    h(ApiKey::IncrementalAlterConfigs, 0, 1),
+    h(ApiKey::DescribeCluster, 0, 2),
+];
+
+pub fn handler(key: ApiKey) -> Option<&'static Handler> {
+    HANDLERS.iter().find(|h| h.key == key)
+}
+
+/// A response ready to encode.
+pub struct Response {
+    pub correlation_id: i32,
+    pub key: ApiKey,
+    pub version: i16,
+    pub body: ResponseKind,
+}
+
+/// Why a connection must close instead of answering.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("request header does not decode: {0}")]
+    Header(String),
+    #[error("unknown API key {0}")]
+    UnknownApi(i16),
+    #[error("{key:?} v{version} is not served")]
+    UnsupportedVersion { key: ApiKey, version: i16 },
+    #[error("{key:?} v{version} body does not decode: {error}")]
+    Body { key: ApiKey, version: i16, error: String },
+}
+
+fn api_versions_error_response(correlation_id: i32) -> Response {
+    // KIP-511: a client asking ApiVersions at a version we do not know gets v0 with
+    // UNSUPPORTED_VERSION and our ApiVersions range, so it can retry at one we serve.
+    let api = handler(ApiKey::ApiVersions).expect("ApiVersions is served");
+    Response {
+        correlation_id,
+        key: ApiKey::ApiVersions,
+        version: 0,
+        body: ResponseKind::ApiVersions(
+            ApiVersionsResponse::default()
+                .with_error_code(BrokerError::UnsupportedVersion.code())
+                .with_api_keys(vec![ApiVersion::default()
+                    .with_api_key(ApiKey::ApiVersions as i16)
+                    .with_min_version(api.min)
+                    .with_max_version(api.max)]),
+        ),
+    }
+}
+
+/// Decodes one frame and starts its handler. The returned future completes the response
+/// (`None`: no response, acks=0). `Err` means the connection must close.
+pub async fn start(
+    shard: &Rc<Shard>,
+    connection_id: u64,
+    mut frame: Bytes,
+) -> Result<LocalBoxFuture<'static, Option<Response>>, FrameError> {
+    if frame.len() < 8 {
+        return Err(FrameError::Header(format!("frame of {} bytes", frame.len())));
+    }
+    let raw_key = (&frame[0..2]).get_i16();
+    let version = (&frame[2..4]).get_i16();
+    let correlation_id = (&frame[4..8]).get_i32();
+    let key = ApiKey::try_from(raw_key).map_err(|_| FrameError::UnknownApi(raw_key))?;
+    let Some(api) = handler(key) else {
+        return Err(FrameError::UnknownApi(raw_key));
+    };
+    if key == ApiKey::ApiVersions && version > api.max {
+        let response = api_versions_error_response(correlation_id);
+        return Ok(async move { Some(response) }.boxed_local());
+    }
+    if version < api.min || version > api.max {
+        return Err(FrameError::UnsupportedVersion { key, version });
+    }
+    let header = RequestHeader::decode(&mut frame, key.request_header_version(version))
+        .map_err(|e| FrameError::Header(e.to_string()))?;
+    let body = RequestKind::decode(key, &mut frame, version).map_err(|e| FrameError::Body {
+        key,
+        version,
+        error: e.to_string(),
+    })?;
+    let ctx = Rc::new(RequestContext {
+        shard: shard.clone(),
+        header,
+        version,
+        connection_id,
+    });
+    let respond = move |body: ResponseKind| Response {
+        correlation_id,
+        key,
+        version,
+        body,
+    };
+    let pending: LocalBoxFuture<'static, Option<Response>> = match body {
+        RequestKind::Produce(req) => {
+            let done = handlers::produce::start(ctx, req).await;
+            async move { done.await.map(|r| respond(ResponseKind::Produce(r))) }.boxed_local()
+        }
+        RequestKind::Fetch(req) => {
+            async move { Some(respond(ResponseKind::Fetch(handlers::fetch::handle(ctx, req).await))) }.boxed_local()
+        }
+        RequestKind::ListOffsets(req) => async move {
+            Some(respond(ResponseKind::ListOffsets(handlers::list_offsets::handle(ctx, req).await)))
+        }
+        .boxed_local(),
+        RequestKind::Metadata(req) => async move {
+            Some(respond(ResponseKind::Metadata(handlers::metadata::handle(ctx, req).await)))
+        }
+        .boxed_local(),
+        RequestKind::ApiVersions(req) => async move {
+            Some(respond(ResponseKind::ApiVersions(handlers::api_versions::handle(ctx, req))))
+        }
+        .boxed_local(),
+        RequestKind::CreateTopics(req) => async move {
+            Some(respond(ResponseKind::CreateTopics(handlers::create_topics::handle(ctx, req).await)))
+        }
+        .boxed_local(),
+        RequestKind::DeleteTopics(req) => async move {
+            Some(respond(ResponseKind::DeleteTopics(handlers::delete_topics::handle(ctx, req).await)))
+        }
+        .boxed_local(),
+        RequestKind::DeleteRecords(req) => async move {
+            Some(respond(ResponseKind::DeleteRecords(handlers::delete_records::handle(ctx, req).await)))
+        }
+        .boxed_local(),
+        RequestKind::InitProducerId(req) => async move {
+            Some(respond(ResponseKind::InitProducerId(handlers::init_producer_id::handle(ctx, req).await)))
+        }
+        .boxed_local(),
+        RequestKind::OffsetForLeaderEpoch(req) => async move {
+            Some(respond(ResponseKind::OffsetForLeaderEpoch(
+                handlers::offset_for_leader_epoch::handle(ctx, req).await,
+            )))
+        }
+        .boxed_local(),
+        RequestKind::DescribeConfigs(req) => async move {
+            Some(respond(ResponseKind::DescribeConfigs(handlers::describe_configs::handle(ctx, req))))
+        }
+        .boxed_local(),
+        RequestKind::AlterConfigs(req) => async move {
+            Some(respond(ResponseKind::AlterConfigs(handlers::alter_configs::handle(ctx, req).await)))
+        }
+        .boxed_local(),
+        RequestKind::IncrementalAlterConfigs(req) => async move {
+            Some(respond(ResponseKind::IncrementalAlterConfigs(
+                handlers::incremental_alter_configs::handle(ctx, req).await,
+            )))
+        }
+        .boxed_local(),
+        RequestKind::CreatePartitions(req) => async move {
+            Some(respond(ResponseKind::CreatePartitions(
+                handlers::create_partitions::handle(ctx, req).await,
+            )))
+        }
+        .boxed_local(),
+        RequestKind::DescribeCluster(req) => async move {
+            Some(respond(ResponseKind::DescribeCluster(handlers::describe_cluster::handle(ctx, req))))
+        }
+        .boxed_local(),
+        other => {
+            // The table and this match list the same APIs; a test checks it.
+            unreachable!("API {:?} is in HANDLERS but has no arm", other)
+        }
+    };
+    Ok(pending)
+}
+
+/// Encodes the response header and body (without the size prefix).
+pub fn encode_response(r: &Response, out: &mut BytesMut) -> anyhow::Result<()> {
+    let header = ResponseHeader::default().with_correlation_id(r.correlation_id);
+    header.encode(out, r.key.response_header_version(r.version))?;
+    r.body.encode(out, r.version)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Apache Kafka 4.1's advertised ranges (BROKER listener), from its message JSON files
+    /// and `ApiKeys.toApiVersion`.
+    const KAFKA_41: &[(ApiKey, i16, i16)] = &[
+        (ApiKey::Produce, 0, 13),
+        (ApiKey::Fetch, 4, 18),
+        (ApiKey::ListOffsets, 1, 10),
+        (ApiKey::Metadata, 0, 13),
+        (ApiKey::ApiVersions, 0, 4),
+        (ApiKey::CreateTopics, 2, 7),
+        (ApiKey::DeleteTopics, 1, 6),
+        (ApiKey::DeleteRecords, 0, 2),
+        (ApiKey::InitProducerId, 0, 5),
+        (ApiKey::OffsetForLeaderEpoch, 2, 4),
+        (ApiKey::DescribeConfigs, 1, 4),
+        (ApiKey::AlterConfigs, 0, 2),
+        (ApiKey::CreatePartitions, 0, 3),
+        (ApiKey::IncrementalAlterConfigs, 0, 1),
+        (ApiKey::DescribeCluster, 0, 2),
+    ];
+
+    #[test]
+    fn table_matches_kafka_41() {
+        assert_eq!(HANDLERS.len(), KAFKA_41.len());
+        for (key, min, max) in KAFKA_41 {
+            let h = handler(*key).unwrap_or_else(|| panic!("{key:?} missing"));
+            assert_eq!((h.advertised_min, h.max), (*min, *max), "{key:?}");
+            let decodable = key.valid_versions();
+            assert!(h.min >= decodable.min && h.max <= decodable.max, "{key:?} decodable");
+        }
+    }
+}

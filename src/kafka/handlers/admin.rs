@@ -1,0 +1,208 @@
+//! Topic changes made by the controller (shard 0) on behalf of CreateTopics, DeleteTopics,
+//! CreatePartitions, the AlterConfigs APIs and Metadata auto-creation.
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use futures::FutureExt;
+use uuid::Uuid;
+
+use crate::config::{topic_config_def, validate_value};
+use crate::errors::BrokerError;
+use crate::metadata::{validate_topic_name, TopicRecord};
+use crate::shard::Shard;
+
+/// Most partitions one topic may have.
+pub const PARTITIONS_MAX: i32 = 100_000;
+
+/// A topic to create.
+#[derive(Debug, Clone)]
+pub struct TopicSpec {
+    pub name: String,
+    /// -1: `num.partitions`.
+    pub partitions: i32,
+    /// -1: `default.replication.factor`.
+    pub replication_factor: i16,
+    pub configs: BTreeMap<String, String>,
+}
+
+/// Checks topic config overrides against the table of Kafka's topic configs.
+pub fn validate_configs(configs: &BTreeMap<String, String>) -> Result<(), BrokerError> {
+    for (k, v) in configs {
+        let def = topic_config_def(k).ok_or_else(|| BrokerError::InvalidConfig(format!("Unknown topic config name: {k}")))?;
+        validate_value(def, v).map_err(BrokerError::InvalidConfig)?;
+    }
+    Ok(())
+}
+
+/// Creates topics (or only validates them); returns per topic its id and partition count.
+pub async fn create_topics(
+    shard: &Rc<Shard>,
+    specs: Vec<TopicSpec>,
+    validate_only: bool,
+) -> Vec<Result<(Uuid, i32), BrokerError>> {
+    shard
+        .on_controller(move |shard| {
+            async move {
+                let num_partitions = shard.config.num_partitions;
+                let mut results = Vec::with_capacity(specs.len());
+                let mut changed = false;
+                for spec in specs {
+                    let r = shard.with_controller(|c| {
+                        validate_topic_name(&spec.name).map_err(|m| BrokerError::InvalidTopic(format!("Topic name is invalid: {m}")))?;
+                        if c.topic_mut(&spec.name).is_some() {
+                            return Err(BrokerError::TopicAlreadyExists(spec.name.clone()));
+                        }
+                        if let Some(other) = c.collides(&spec.name) {
+                            return Err(BrokerError::InvalidTopic(format!(
+                                "Topic '{}' collides with existing topic: {other}",
+                                spec.name
+                            )));
+                        }
+                        let partitions = if spec.partitions == -1 { num_partitions } else { spec.partitions };
+                        if partitions <= 0 || partitions > PARTITIONS_MAX {
+                            return Err(BrokerError::InvalidPartitions(format!(
+                                "Number of partitions must be between 1 and {PARTITIONS_MAX}, got {partitions}."
+                            )));
+                        }
+                        // One node: a replication factor above 1 cannot be met.
+                        if spec.replication_factor == 0 || spec.replication_factor < -1 {
+                            return Err(BrokerError::InvalidReplicationFactor(
+                                "Replication factor must be larger than 0, or -1 to use the default value.".into(),
+                            ));
+                        }
+                        if spec.replication_factor > 1 {
+                            return Err(BrokerError::InvalidReplicationFactor(format!(
+                                "Unable to replicate the partition {} time(s): The target replication factor of {} cannot be reached because only 1 broker(s) are registered.",
+                                spec.replication_factor, spec.replication_factor
+                            )));
+                        }
+                        validate_configs(&spec.configs)?;
+                        let id = Uuid::new_v4();
+                        if !validate_only {
+                            c.state.topics.push(TopicRecord {
+                                name: spec.name.clone(),
+                                id,
+                                partitions,
+                                configs: spec.configs.clone(),
+                            });
+                        }
+                        Ok((id, partitions))
+                    });
+                    if r.is_ok() && !validate_only {
+                        changed = true;
+                        tracing::info!(topic = %spec.name, "created topic");
+                    }
+                    results.push(r);
+                }
+                if changed {
+                    if let Err(e) = shard.commit_metadata().await {
+                        return results.into_iter().map(|_| Err(e.clone())).collect();
+                    }
+                }
+                results
+            }
+            .boxed_local()
+        })
+        .await
+}
+
+/// Deletes topics by name; returns per topic its id.
+pub async fn delete_topics(shard: &Rc<Shard>, names: Vec<String>) -> Vec<Result<Uuid, BrokerError>> {
+    shard
+        .on_controller(move |shard| {
+            async move {
+                if !shard.config.delete_topic_enable {
+                    return names.iter().map(|_| Err(BrokerError::TopicDeletionDisabled)).collect();
+                }
+                let mut results = Vec::with_capacity(names.len());
+                for name in &names {
+                    let r = shard.with_controller(|c| {
+                        let pos = c
+                            .state
+                            .topics
+                            .iter()
+                            .position(|t| &t.name == name)
+                            .ok_or(BrokerError::UnknownTopicOrPartition)?;
+                        Ok(c.state.topics.remove(pos).id)
+                    });
+                    results.push(r);
+                }
+                if results.iter().any(Result::is_ok) {
+                    if let Err(e) = shard.commit_metadata().await {
+                        return names.iter().map(|_| Err(e.clone())).collect();
+                    }
+                }
+                results
+            }
+            .boxed_local()
+        })
+        .await
+}
+
+/// Raises a topic's partition count.
+pub async fn create_partitions(shard: &Rc<Shard>, name: String, count: i32, validate_only: bool) -> Result<(), BrokerError> {
+    shard
+        .on_controller(move |shard| {
+            async move {
+                shard.with_controller(|c| {
+                    let t = c.topic_mut(&name).ok_or(BrokerError::UnknownTopicOrPartition)?;
+                    if count < t.partitions {
+                        return Err(BrokerError::InvalidPartitions(format!(
+                            "Topic currently has {} partitions, which is higher than the requested {count}.",
+                            t.partitions
+                        )));
+                    }
+                    if count == t.partitions {
+                        return Err(BrokerError::InvalidPartitions(format!(
+                            "Topic already has {} partitions.",
+                            t.partitions
+                        )));
+                    }
+                    if count > PARTITIONS_MAX {
+                        return Err(BrokerError::InvalidPartitions(format!("Number of partitions must be at most {PARTITIONS_MAX}.")));
+                    }
+                    if !validate_only {
+                        t.partitions = count;
+                    }
+                    Ok(())
+                })?;
+                if !validate_only {
+                    shard.commit_metadata().await?;
+                }
+                Ok(())
+            }
+            .boxed_local()
+        })
+        .await
+}
+
+/// Replaces (`AlterConfigs`) or edits (`IncrementalAlterConfigs`) a topic's overrides.
+pub async fn alter_topic_configs(
+    shard: &Rc<Shard>,
+    name: String,
+    edit: Box<dyn FnOnce(&mut BTreeMap<String, String>) -> Result<(), BrokerError> + Send>,
+    validate_only: bool,
+) -> Result<(), BrokerError> {
+    shard
+        .on_controller(move |shard| {
+            async move {
+                shard.with_controller(|c| {
+                    let t = c.topic_mut(&name).ok_or(BrokerError::UnknownTopicOrPartition)?;
+                    let mut configs = t.configs.clone();
+                    edit(&mut configs)?;
+                    validate_configs(&configs)?;
+                    if !validate_only {
+                        t.configs = configs;
+                    }
+                    Ok(())
+                })?;
+                if !validate_only {
+                    shard.commit_metadata().await?;
+                }
+                Ok(())
+            }
+            .boxed_local()
+        })
+        .await
+}

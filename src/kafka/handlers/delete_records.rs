@@ -1,0 +1,46 @@
+//! DeleteRecords (API 21): move a partition's log start offset forward.
+
+use std::rc::Rc;
+
+use futures::FutureExt;
+use kafka_protocol::messages::delete_records_response::{DeleteRecordsPartitionResult, DeleteRecordsTopicResult};
+use kafka_protocol::messages::{DeleteRecordsRequest, DeleteRecordsResponse};
+
+use crate::errors::BrokerError;
+use crate::kafka::RequestContext;
+use crate::types::TopicPartition;
+
+pub async fn handle(ctx: Rc<RequestContext>, req: DeleteRecordsRequest) -> DeleteRecordsResponse {
+    let mut topics = Vec::with_capacity(req.topics.len());
+    for t in req.topics {
+        let mut partitions = Vec::with_capacity(t.partitions.len());
+        for p in &t.partitions {
+            let tp = TopicPartition {
+                topic: t.name.0.to_string(),
+                partition: p.partition_index,
+            };
+            let offset = p.offset;
+            let r = ctx
+                .shard
+                .on_partition(tp, move |part| {
+                    async move {
+                        // -1 means "up to the high watermark".
+                        let target = if offset == -1 { part.high_watermark() } else { offset };
+                        if target < 0 || target > part.high_watermark() {
+                            return Err(BrokerError::OffsetOutOfRange);
+                        }
+                        part.log.advance_start(target).await.map_err(BrokerError::from_log)
+                    }
+                    .boxed_local()
+                })
+                .await;
+            let base = DeleteRecordsPartitionResult::default().with_partition_index(p.partition_index);
+            partitions.push(match r {
+                Ok(low) => base.with_low_watermark(low),
+                Err(e) => base.with_low_watermark(-1).with_error_code(e.code()),
+            });
+        }
+        topics.push(DeleteRecordsTopicResult::default().with_name(t.name).with_partitions(partitions));
+    }
+    DeleteRecordsResponse::default().with_topics(topics)
+}

@@ -1,0 +1,77 @@
+//! ListOffsets (API 2): latest (-1), earliest (-2), max timestamp (-3, v7+), earliest local
+//! (-4, v8+), latest tiered (-5, v9+), or the first offset whose timestamp is >= a time.
+
+use std::rc::Rc;
+
+use futures::future::join_all;
+use futures::FutureExt;
+use kafka_protocol::messages::list_offsets_response::{ListOffsetsPartitionResponse, ListOffsetsTopicResponse};
+use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse};
+
+use crate::errors::BrokerError;
+use crate::kafka::RequestContext;
+use crate::partition::LEADER_EPOCH;
+use crate::types::TopicPartition;
+
+/// (offset, timestamp) or None for "no such record" (-1, -1).
+type Lookup = Result<Option<(i64, i64)>, BrokerError>;
+
+pub async fn handle(ctx: Rc<RequestContext>, req: ListOffsetsRequest) -> ListOffsetsResponse {
+    let version = ctx.version;
+    let mut topics = Vec::with_capacity(req.topics.len());
+    for t in req.topics {
+        let name = t.name.0.to_string();
+        let lookups = t.partitions.iter().map(|p| {
+            let tp = TopicPartition {
+                topic: name.clone(),
+                partition: p.partition_index,
+            };
+            let timestamp = p.timestamp;
+            let min_version = match timestamp {
+                -3 => 7,
+                -4 => 8,
+                -5 => 9,
+                _ => 0,
+            };
+            let shard = ctx.shard.clone();
+            async move {
+                if timestamp < -5 || version < min_version {
+                    return Err(BrokerError::UnsupportedVersion);
+                }
+                shard
+                    .on_partition(tp, move |p| {
+                        async move {
+                            match timestamp {
+                                // No transactions yet, so read_committed's LSO is the HW too.
+                                -1 | -5 => Ok(Some((p.high_watermark(), -1))),
+                                -2 | -4 => Ok(Some((p.log.start_offset(), -1))),
+                                -3 => p.max_timestamp_offset().await,
+                                ts => p.offset_for_timestamp(ts).await,
+                            }
+                        }
+                        .boxed_local()
+                    })
+                    .await
+            }
+        });
+        let results: Vec<Lookup> = join_all(lookups).await;
+        let partitions = t
+            .partitions
+            .iter()
+            .zip(results)
+            .map(|(p, r)| {
+                let base = ListOffsetsPartitionResponse::default().with_partition_index(p.partition_index);
+                match r {
+                    Ok(Some((offset, ts))) => base
+                        .with_offset(offset)
+                        .with_timestamp(ts)
+                        .with_leader_epoch(if version >= 4 { LEADER_EPOCH } else { -1 }),
+                    Ok(None) => base.with_offset(-1).with_timestamp(-1).with_leader_epoch(-1),
+                    Err(e) => base.with_error_code(e.code()).with_offset(-1).with_timestamp(-1).with_leader_epoch(-1),
+                }
+            })
+            .collect();
+        topics.push(ListOffsetsTopicResponse::default().with_name(t.name).with_partitions(partitions));
+    }
+    ListOffsetsResponse::default().with_topics(topics)
+}

@@ -1,0 +1,104 @@
+//! Metadata (API 3): this broker, and topics with their partitions (this node leads them
+//! all), creating missing topics when `auto.create.topics.enable` and the client allow it.
+
+use std::rc::Rc;
+
+use kafka_protocol::messages::metadata_response::{MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic};
+use kafka_protocol::messages::{BrokerId, MetadataRequest, MetadataResponse, TopicName};
+use kafka_protocol::protocol::StrBytes;
+
+use crate::errors::BrokerError;
+use crate::kafka::handlers::admin::{self, TopicSpec};
+use crate::kafka::RequestContext;
+use crate::metadata::{validate_topic_name, TopicMeta};
+use crate::partition::LEADER_EPOCH;
+
+pub async fn handle(ctx: Rc<RequestContext>, req: MetadataRequest) -> MetadataResponse {
+    let config = ctx.shard.config.clone();
+    let node = BrokerId(config.node_id);
+    let mut image = ctx.shard.image();
+    let wanted: Option<Vec<(Option<String>, uuid::Uuid)>> = req.topics.map(|ts| {
+        ts.into_iter()
+            .map(|t| (t.name.map(|n| n.0.to_string()), t.topic_id))
+            .collect()
+    });
+    // Auto-create what is missing, in one controller call.
+    if let Some(wanted) = &wanted {
+        let allow = req.allow_auto_topic_creation || ctx.version < 4;
+        let missing: Vec<TopicSpec> = wanted
+            .iter()
+            .filter_map(|(name, _)| name.clone())
+            .filter(|n| image.topic(n).is_none() && validate_topic_name(n).is_ok())
+            .map(|name| TopicSpec {
+                name,
+                partitions: -1,
+                replication_factor: -1,
+                configs: Default::default(),
+            })
+            .collect();
+        if allow && config.auto_create_topics && !missing.is_empty() {
+            for (r, spec) in admin::create_topics(&ctx.shard, missing.clone(), false).await.iter().zip(&missing) {
+                if let Err(e) = r {
+                    if !matches!(e, BrokerError::TopicAlreadyExists(_)) {
+                        tracing::warn!(topic = %spec.name, error = %e, "auto-creation failed");
+                    }
+                }
+            }
+            image = ctx.shard.image();
+        }
+    }
+    let describe = |t: &TopicMeta| -> MetadataResponseTopic {
+        let partitions = (0..t.partitions)
+            .map(|p| {
+                MetadataResponsePartition::default()
+                    .with_partition_index(p)
+                    .with_leader_id(node)
+                    .with_leader_epoch(LEADER_EPOCH)
+                    .with_replica_nodes(vec![node])
+                    .with_isr_nodes(vec![node])
+            })
+            .collect();
+        MetadataResponseTopic::default()
+            .with_name(Some(TopicName(StrBytes::from_string(t.name.clone()))))
+            .with_topic_id(t.id)
+            .with_topic_authorized_operations(i32::MIN)
+            .with_partitions(partitions)
+    };
+    let topics: Vec<MetadataResponseTopic> = match wanted {
+        None => image.topics.values().map(describe).collect(),
+        Some(wanted) => wanted
+            .into_iter()
+            .map(|(name, id)| {
+                let found = match &name {
+                    Some(n) => image.topic(n),
+                    None => image.topic_by_id(&id),
+                };
+                match found {
+                    Some(t) => describe(t),
+                    None => {
+                        let error = match &name {
+                            Some(n) => match validate_topic_name(n) {
+                                Err(m) => BrokerError::InvalidTopic(m),
+                                Ok(()) => BrokerError::UnknownTopicOrPartition,
+                            },
+                            None => BrokerError::UnknownTopicId,
+                        };
+                        MetadataResponseTopic::default()
+                            .with_name(name.map(|n| TopicName(StrBytes::from_string(n))))
+                            .with_topic_id(id)
+                            .with_error_code(error.code())
+                    }
+                }
+            })
+            .collect(),
+    };
+    MetadataResponse::default()
+        .with_brokers(vec![MetadataResponseBroker::default()
+            .with_node_id(node)
+            .with_host(StrBytes::from_string(config.advertised_host.clone()))
+            .with_port(i32::from(config.advertised_port))])
+        .with_cluster_id(Some(StrBytes::from_string(image.cluster_id.clone())))
+        .with_controller_id(node)
+        .with_cluster_authorized_operations(i32::MIN)
+        .with_topics(topics)
+}

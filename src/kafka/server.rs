@@ -1,0 +1,108 @@
+//! Accepting connections and moving frames between the socket and the dispatcher.
+
+use std::rc::Rc;
+
+use bytes::{BufMut, BytesMut};
+use futures::future::LocalBoxFuture;
+use futures::{AsyncReadExt, AsyncWriteExt};
+use glommio::channels::local_channel;
+use glommio::net::{TcpListener, TcpStream};
+use glommio::sync::StaticPermit;
+
+use crate::kafka::dispatch::{self, Response};
+use crate::shard::Shard;
+
+/// Requests per connection between being read and their response being written.
+pub const IN_FLIGHT_MAX: usize = 32;
+
+/// Serves the Kafka protocol on this shard's SO_REUSEPORT listener until the process exits.
+pub async fn serve(shard: Rc<Shard>) -> anyhow::Result<()> {
+    let listener = TcpListener::bind(shard.config.listen_addr)
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", shard.config.listen_addr))?;
+    tracing::info!(shard = shard.id.0, addr = %shard.config.listen_addr, "listening");
+    loop {
+        match listener.accept().await {
+            Ok(stream) => {
+                let shard = shard.clone();
+                glommio::spawn_local(async move {
+                    let peer = stream.peer_addr().ok();
+                    if let Err(e) = connection(shard, stream).await {
+                        tracing::debug!(?peer, error = %e, "connection closed");
+                    }
+                })
+                .detach();
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
+struct InFlight {
+    response: LocalBoxFuture<'static, Option<Response>>,
+    _memory: StaticPermit,
+}
+
+async fn connection(shard: Rc<Shard>, stream: TcpStream) -> anyhow::Result<()> {
+    stream.set_nodelay(true).map_err(|e| anyhow::anyhow!("set_nodelay: {e}"))?;
+    let connection_id = shard.next_connection_id();
+    let (mut reader, mut writer) = stream.split();
+    let (tx, rx) = local_channel::new_bounded::<InFlight>(IN_FLIGHT_MAX);
+    let writer_task = glommio::spawn_local(async move {
+        let mut out = BytesMut::new();
+        while let Some(item) = rx.recv().await {
+            let Some(response) = item.response.await else {
+                continue;
+            };
+            out.clear();
+            out.put_i32(0);
+            dispatch::encode_response(&response, &mut out)?;
+            let size = (out.len() - 4) as i32;
+            out[..4].copy_from_slice(&size.to_be_bytes());
+            writer.write_all(&out).await?;
+            if out.capacity() > 4 << 20 {
+                out = BytesMut::new();
+            }
+        }
+        anyhow::Ok(())
+    });
+    let max = shard.config.socket_request_max_bytes;
+    let result: anyhow::Result<()> = async {
+        loop {
+            let mut size_buf = [0u8; 4];
+            match reader.read_exact(&mut size_buf).await {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+                Err(e) => return Err(e.into()),
+            }
+            let size = i32::from_be_bytes(size_buf);
+            if size < 0 || size as usize > max {
+                tracing::warn!(size, max, "request frame larger than socket.request.max.bytes; closing connection");
+                return Ok(());
+            }
+            let permit = shard
+                .request_memory
+                .acquire_static_permit(size as u64)
+                .await
+                .map_err(|_| anyhow::anyhow!("request memory closed"))?;
+            let mut frame = vec![0u8; size as usize];
+            reader.read_exact(&mut frame).await?;
+            let response = match dispatch::start(&shard, connection_id, frame.into()).await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::info!(error = %e, "closing connection after an invalid request");
+                    return Ok(());
+                }
+            };
+            if tx.send(InFlight { response, _memory: permit }).await.is_err() {
+                return Ok(());
+            }
+        }
+    }
+    .await;
+    drop(tx);
+    let _ = writer_task.await;
+    result
+}

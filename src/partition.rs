@@ -1,0 +1,277 @@
+//! One partition on the shard that owns it: its log, its idempotent-producer state, and the
+//! Kafka rules for appending and reading (validation, offsets, HW).
+//!
+//! Single node: the leader epoch is 0 and the high watermark is the durable (fsynced) log end,
+//! which is what Raft's commit index will be with one member. Everything here runs on the
+//! owning shard; `append` is synchronous so appends keep the order requests arrived in.
+
+use std::cell::RefCell;
+use std::path::Path;
+use std::rc::Rc;
+
+use bytes::{Bytes, BytesMut};
+use ferrolog_io::batch::{self, BatchError, BatchHeader, ATTR_TIMESTAMP_LOG_APPEND};
+use ferrolog_io::{Log, LogError};
+use uuid::Uuid;
+
+use crate::config::TopicSettings;
+use crate::errors::BrokerError;
+use crate::producer_state::{ProducerStates, SequenceCheck};
+use crate::records::{self, RecordError, TimestampPolicy};
+
+/// The leader epoch of every partition until replication brings Raft terms.
+pub const LEADER_EPOCH: i32 = 0;
+/// Bytes read per round while rebuilding producer state at open.
+const RECOVERY_READ_BYTES: usize = 1 << 20;
+
+/// What a successful produce to one partition returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    pub base_offset: i64,
+    /// Offset after the batch: wait for it to be durable before acks=all answers.
+    pub end_offset: i64,
+    /// LogAppendTime topics: the time the broker stamped; otherwise -1.
+    pub log_append_time_ms: i64,
+    /// A retried batch that was already written: nothing new to wait for.
+    pub duplicate: bool,
+}
+
+/// A fetch result for one partition.
+#[derive(Debug, Clone)]
+pub struct ReadResult {
+    pub records: Bytes,
+    pub high_watermark: i64,
+    pub log_start_offset: i64,
+}
+
+pub struct Partition {
+    pub topic: String,
+    pub topic_id: Uuid,
+    pub index: i32,
+    pub log: Rc<Log>,
+    settings: RefCell<TopicSettings>,
+    producers: RefCell<ProducerStates>,
+}
+
+impl Partition {
+    pub async fn open(
+        base_dir: &Path,
+        topic: &str,
+        topic_id: Uuid,
+        index: i32,
+        settings: TopicSettings,
+        now_ms: i64,
+    ) -> Result<Rc<Partition>, LogError> {
+        let dir = base_dir.join(format!("{topic}-{index}"));
+        let log = Log::open(&dir, settings.log_config(), now_ms).await?;
+        let partition = Partition {
+            topic: topic.to_string(),
+            topic_id,
+            index,
+            log,
+            settings: RefCell::new(settings),
+            producers: RefCell::new(ProducerStates::default()),
+        };
+        partition.rebuild_producer_state().await?;
+        Ok(Rc::new(partition))
+    }
+
+    /// Replays batch headers of the active segment into the producer state, so a producer
+    /// that retries across a broker restart is still recognised.
+    async fn rebuild_producer_state(&self) -> Result<(), LogError> {
+        let end = self.log.durable_offset();
+        let mut offset = self.log.active_base_offset().max(self.log.start_offset());
+        while offset < end {
+            let bytes = self.log.read(offset, RECOVERY_READ_BYTES, end).await?;
+            if bytes.is_empty() {
+                break;
+            }
+            let mut rest = &bytes[..];
+            while !rest.is_empty() {
+                let h = BatchHeader::parse(rest).map_err(LogError::InvalidBatch)?;
+                self.producers.borrow_mut().record(&h);
+                offset = h.next_offset();
+                rest = &rest[h.total_bytes()..];
+            }
+        }
+        Ok(())
+    }
+
+    pub fn settings(&self) -> TopicSettings {
+        self.settings.borrow().clone()
+    }
+
+    pub fn set_settings(&self, settings: TopicSettings) {
+        self.log.set_config(settings.log_config());
+        *self.settings.borrow_mut() = settings;
+    }
+
+    /// HW: offset after the last committed (here: fsynced) batch.
+    pub fn high_watermark(&self) -> i64 {
+        self.log.durable_offset()
+    }
+
+    /// Validates one produced batch and appends it. Synchronous: the caller awaits
+    /// durability separately (`wait_durable`).
+    pub fn append(&self, records: &Bytes, now_ms: i64) -> Result<Appended, BrokerError> {
+        if let Some(e) = self.log.failure() {
+            return Err(BrokerError::Storage(e.to_string()));
+        }
+        let settings = self.settings.borrow().clone();
+        let header = match BatchHeader::parse(records) {
+            Ok(h) => h,
+            Err(BatchError::UnsupportedMagic(m)) => {
+                return Err(BrokerError::InvalidRecord(format!("record batch magic {m} is not supported")))
+            }
+            Err(BatchError::InvalidCount { .. }) => {
+                return Err(BrokerError::InvalidRecord("record count does not match the offsets".into()))
+            }
+            Err(e) => return Err(BrokerError::CorruptMessage(e.to_string())),
+        };
+        if header.total_bytes() > settings.max_message_bytes {
+            return Err(BrokerError::MessageTooLarge(format!(
+                "batch of {} bytes exceeds max.message.bytes={}",
+                header.total_bytes(),
+                settings.max_message_bytes
+            )));
+        }
+        let header = batch::verify(records).map_err(|e| match e {
+            BatchError::CrcMismatch { .. } | BatchError::Truncated { .. } => BrokerError::CorruptMessage(e.to_string()),
+            other => BrokerError::InvalidRecord(other.to_string()),
+        })?;
+        if header.total_bytes() != records.len() {
+            return Err(BrokerError::InvalidRecord(
+                "produce requests must carry exactly one record batch per partition".into(),
+            ));
+        }
+        let policy = TimestampPolicy {
+            log_append_time: settings.log_append_time,
+            before_max_ms: settings.timestamp_before_max_ms,
+            after_max_ms: settings.timestamp_after_max_ms,
+            now_ms,
+        };
+        records::validate(&header, records, &policy).map_err(|e| match e {
+            RecordError::Timestamp { .. } => BrokerError::InvalidTimestamp(e.to_string()),
+            RecordError::UnknownCodec(_) => BrokerError::CorruptMessage(e.to_string()),
+            RecordError::Invalid(m) => BrokerError::InvalidRecord(m),
+        })?;
+        match self.producers.borrow().check(&header) {
+            SequenceCheck::Accept => {}
+            SequenceCheck::Duplicate { base_offset, timestamp } => {
+                return Ok(Appended {
+                    base_offset,
+                    end_offset: base_offset + i64::from(header.last_offset_delta) + 1,
+                    log_append_time_ms: if settings.log_append_time { timestamp } else { -1 },
+                    duplicate: true,
+                })
+            }
+            SequenceCheck::OutOfOrder => return Err(BrokerError::OutOfOrderSequence),
+            SequenceCheck::StaleEpoch => return Err(BrokerError::InvalidProducerEpoch),
+        }
+        let mut bytes = BytesMut::from(&records[..]);
+        let log_append_time_ms = if settings.log_append_time {
+            stamp_log_append_time(&mut bytes, now_ms);
+            now_ms
+        } else {
+            -1
+        };
+        let info = self
+            .log
+            .append(bytes, LEADER_EPOCH, now_ms)
+            .map_err(|e| BrokerError::Storage(e.to_string()))?;
+        let stored = BatchHeader {
+            base_offset: info.base_offset,
+            ..header
+        };
+        self.producers.borrow_mut().record(&stored);
+        Ok(Appended {
+            base_offset: info.base_offset,
+            end_offset: info.last_offset + 1,
+            log_append_time_ms,
+            duplicate: false,
+        })
+    }
+
+    /// Reads from `offset` up to the HW.
+    pub async fn read(&self, offset: i64, max_bytes: usize) -> Result<ReadResult, BrokerError> {
+        let hw = self.high_watermark();
+        let records = self
+            .log
+            .read(offset, max_bytes, hw)
+            .await
+            .map_err(BrokerError::from_log)?;
+        Ok(ReadResult {
+            records,
+            high_watermark: hw,
+            log_start_offset: self.log.start_offset(),
+        })
+    }
+
+    /// ListOffsets by timestamp: the first record with timestamp >= `timestamp`, as
+    /// (offset, timestamp), or None when every record is older.
+    pub async fn offset_for_timestamp(&self, timestamp: i64) -> Result<Option<(i64, i64)>, BrokerError> {
+        let hw = self.high_watermark();
+        let Some(batch_bytes) = self
+            .log
+            .find_batch_by_timestamp(timestamp, hw)
+            .await
+            .map_err(BrokerError::from_log)?
+        else {
+            return Ok(None);
+        };
+        let header = BatchHeader::parse(&batch_bytes).map_err(|e| BrokerError::Storage(e.to_string()))?;
+        if header.attributes & ATTR_TIMESTAMP_LOG_APPEND != 0 {
+            return Ok(Some((header.base_offset, header.max_timestamp)));
+        }
+        let mut found = None;
+        records::for_each_record(&header, &batch_bytes, |r| {
+            if found.is_none() && r.timestamp >= timestamp {
+                found = Some((header.base_offset + r.offset_delta, r.timestamp));
+            }
+            Ok(())
+        })
+        .map_err(|e| BrokerError::Storage(format!("stored batch does not decode: {e}")))?;
+        Ok(found.or(Some((header.base_offset, header.max_timestamp))))
+    }
+
+    /// ListOffsets -3 (KIP-734): the offset of the record with the largest timestamp.
+    pub async fn max_timestamp_offset(&self) -> Result<Option<(i64, i64)>, BrokerError> {
+        let Some((max_ts, batch_offset)) = self.log.max_timestamp() else {
+            return Ok(None);
+        };
+        let hw = self.high_watermark();
+        let bytes = self.log.read(batch_offset, 1, hw).await.map_err(BrokerError::from_log)?;
+        if bytes.is_empty() {
+            return Ok(None);
+        }
+        let header = BatchHeader::parse(&bytes).map_err(|e| BrokerError::Storage(e.to_string()))?;
+        if header.attributes & ATTR_TIMESTAMP_LOG_APPEND != 0 {
+            return Ok(Some((header.last_offset(), max_ts)));
+        }
+        let mut found = (header.base_offset, max_ts);
+        let mut best = i64::MIN;
+        records::for_each_record(&header, &bytes, |r| {
+            if r.timestamp > best {
+                best = r.timestamp;
+                found = (header.base_offset + r.offset_delta, r.timestamp);
+            }
+            Ok(())
+        })
+        .map_err(|e| BrokerError::Storage(format!("stored batch does not decode: {e}")))?;
+        Ok(Some(found))
+    }
+}
+
+/// LogAppendTime topics: the broker sets the timestamp type bit and the max timestamp, which
+/// the CRC covers, so the CRC is recomputed (the one place a stored batch is rewritten).
+fn stamp_log_append_time(batch_bytes: &mut [u8], now_ms: i64) {
+    const ATTRIBUTES: usize = 21;
+    const MAX_TIMESTAMP: usize = 35;
+    const CRC: usize = 17;
+    let attrs = i16::from_be_bytes([batch_bytes[ATTRIBUTES], batch_bytes[ATTRIBUTES + 1]]) | ATTR_TIMESTAMP_LOG_APPEND;
+    batch_bytes[ATTRIBUTES..ATTRIBUTES + 2].copy_from_slice(&attrs.to_be_bytes());
+    batch_bytes[MAX_TIMESTAMP..MAX_TIMESTAMP + 8].copy_from_slice(&now_ms.to_be_bytes());
+    let crc = batch::compute_crc(batch_bytes);
+    batch_bytes[CRC..CRC + 4].copy_from_slice(&crc.to_be_bytes());
+    assert!(batch::verify(batch_bytes).is_ok(), "re-stamped batch must verify");
+}

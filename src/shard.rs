@@ -1,0 +1,332 @@
+//! Shards: one glommio executor per core, each owning a set of partitions end to end.
+//!
+//! Shards share nothing mutable. They talk through a glommio `channel_mesh` of bounded
+//! channels carrying jobs (`invoke_on`): a closure that runs on the target shard, whose result
+//! comes back over a oneshot. A job's synchronous part runs in the order jobs arrive, which is
+//! what keeps appends from one connection in order. Shard 0 also runs the controller (cluster
+//! metadata) and publishes each new `MetadataImage` to every shard.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::channel::oneshot;
+use futures::future::LocalBoxFuture;
+use futures::FutureExt;
+use glommio::channels::channel_mesh::{MeshBuilder, Full, Senders};
+use glommio::sync::Semaphore;
+
+use crate::config::BrokerConfig;
+use crate::errors::BrokerError;
+use crate::fetch_session::FetchSessions;
+use crate::metadata::{shard_for, Controller, MetadataImage};
+use crate::partition::Partition;
+use crate::types::{now_ms, ShardId, TopicPartition};
+
+/// A closure sent to another shard.
+pub type Job = Box<dyn FnOnce(&Rc<Shard>) + Send>;
+
+/// Jobs queued per pair of shards before senders wait.
+const MESH_CHANNEL_JOBS: usize = 1024;
+/// Request bytes a shard holds in memory at once (reserved before a frame is read).
+pub const REQUEST_MEMORY_BYTES: u64 = 512 << 20;
+
+pub struct Shard {
+    pub id: ShardId,
+    pub count: usize,
+    pub config: Arc<BrokerConfig>,
+    senders: Senders<Job>,
+    image: RefCell<Arc<MetadataImage>>,
+    partitions: RefCell<HashMap<TopicPartition, Rc<Partition>>>,
+    /// Present on shard 0 only.
+    controller: Option<RefCell<Controller>>,
+    /// Serialises controller changes (persist + publish) on shard 0.
+    controller_lock: Semaphore,
+    pub fetch_sessions: RefCell<FetchSessions>,
+    /// Bounds the bytes of requests being read or served on this shard.
+    pub request_memory: Rc<Semaphore>,
+    ready: RefCell<Option<oneshot::Sender<()>>>,
+    next_connection_id: Cell<u64>,
+}
+
+impl Shard {
+    pub fn image(&self) -> Arc<MetadataImage> {
+        self.image.borrow().clone()
+    }
+
+    pub fn partition(&self, tp: &TopicPartition) -> Option<Rc<Partition>> {
+        self.partitions.borrow().get(tp).cloned()
+    }
+
+    pub fn next_connection_id(&self) -> u64 {
+        let id = self.next_connection_id.get();
+        self.next_connection_id.set(id + 1);
+        id
+    }
+
+    /// The shard that owns `tp`, or UNKNOWN_TOPIC_OR_PARTITION.
+    pub fn owner_of(&self, image: &MetadataImage, tp: &TopicPartition) -> Result<ShardId, BrokerError> {
+        let topic = image.topic(&tp.topic).ok_or(BrokerError::UnknownTopicOrPartition)?;
+        if tp.partition < 0 || tp.partition >= topic.partitions {
+            return Err(BrokerError::UnknownTopicOrPartition);
+        }
+        Ok(shard_for(&topic.id, tp.partition, self.count))
+    }
+
+    /// Runs `f` on shard `target` and returns its result. The synchronous part of `f` runs
+    /// on the target in the order jobs were sent from here.
+    pub async fn invoke_on<T, F>(self: &Rc<Self>, target: ShardId, f: F) -> T
+    where
+        T: Send + 'static,
+        F: FnOnce(&Rc<Shard>) -> LocalBoxFuture<'static, T> + Send + 'static,
+    {
+        if target == self.id {
+            return f(self).await;
+        }
+        let (tx, rx) = oneshot::channel();
+        let job: Job = Box::new(move |shard: &Rc<Shard>| {
+            let fut = f(shard);
+            glommio::spawn_local(async move {
+                let _ = tx.send(fut.await);
+            })
+            .detach();
+        });
+        if self.senders.send_to(target.0, job).await.is_err() {
+            panic!("shard {} cannot reach shard {}: mesh closed", self.id.0, target.0);
+        }
+        rx.await.expect("target shard dropped a job")
+    }
+
+    /// Runs `f` on the partition's owner with the partition, or fails with
+    /// UNKNOWN_TOPIC_OR_PARTITION.
+    pub async fn on_partition<T, F>(self: &Rc<Self>, tp: TopicPartition, f: F) -> Result<T, BrokerError>
+    where
+        T: Send + 'static,
+        F: FnOnce(Rc<Partition>) -> LocalBoxFuture<'static, Result<T, BrokerError>> + Send + 'static,
+    {
+        let image = self.image();
+        let owner = self.owner_of(&image, &tp)?;
+        self.invoke_on(owner, move |shard| match shard.partition(&tp) {
+            Some(p) => f(p),
+            None => async { Err(BrokerError::UnknownTopicOrPartition) }.boxed_local(),
+        })
+        .await
+    }
+
+    /// Runs `f` with the controller on shard 0, holding the controller lock.
+    pub async fn on_controller<T, F>(self: &Rc<Self>, f: F) -> T
+    where
+        T: Send + 'static,
+        F: FnOnce(Rc<Shard>) -> LocalBoxFuture<'static, T> + Send + 'static,
+    {
+        self.invoke_on(ShardId(0), move |shard| {
+            let shard = shard.clone();
+            async move {
+                let _guard = shard
+                    .controller_lock
+                    .acquire_permit(1)
+                    .await
+                    .expect("controller lock never closes");
+                f(shard.clone()).await
+            }
+            .boxed_local()
+        })
+        .await
+    }
+
+    /// Controller only: mutable access to the cluster state.
+    pub fn with_controller<T>(&self, f: impl FnOnce(&mut Controller) -> T) -> T {
+        let controller = self.controller.as_ref().expect("controller lives on shard 0");
+        f(&mut controller.borrow_mut())
+    }
+
+    /// Controller only: persists the cluster state and publishes a new image to every shard,
+    /// returning when all of them have applied it.
+    pub async fn commit_metadata(self: &Rc<Self>) -> Result<(), BrokerError> {
+        let (path, bytes) = self.with_controller(|c| c.snapshot());
+        ferrolog_io::write_file(&path, bytes)
+            .await
+            .map_err(|e| BrokerError::Storage(e.to_string()))?;
+        let image = Arc::new(self.with_controller(|c| c.image(&self.config.topic_defaults)));
+        let mut waits = Vec::with_capacity(self.count);
+        for s in 0..self.count {
+            let image = image.clone();
+            waits.push(self.invoke_on(ShardId(s), move |shard| {
+                let shard = shard.clone();
+                async move { shard.apply_image(image).await }.boxed_local()
+            }));
+        }
+        futures::future::join_all(waits).await;
+        Ok(())
+    }
+
+    /// Installs a new image: opens partitions this shard now owns, drops (and deletes) those
+    /// of deleted topics, pushes changed configs to open partitions.
+    async fn apply_image(self: &Rc<Self>, image: Arc<MetadataImage>) {
+        if image.version <= self.image.borrow().version && self.image.borrow().version != 0 {
+            return;
+        }
+        *self.image.borrow_mut() = image.clone();
+        let now = now_ms();
+        let mut to_open = Vec::new();
+        for topic in image.topics.values() {
+            for p in 0..topic.partitions {
+                if shard_for(&topic.id, p, self.count) != self.id {
+                    continue;
+                }
+                let tp = TopicPartition {
+                    topic: topic.name.clone(),
+                    partition: p,
+                };
+                match self.partition(&tp) {
+                    Some(existing) if existing.topic_id == topic.id => {
+                        if existing.settings() != topic.settings {
+                            existing.set_settings(topic.settings.clone());
+                        }
+                    }
+                    _ => to_open.push((tp, topic.id, topic.settings.clone())),
+                }
+            }
+        }
+        let gone: Vec<(TopicPartition, Rc<Partition>)> = self
+            .partitions
+            .borrow()
+            .iter()
+            .filter(|(tp, p)| image.topic(&tp.topic).is_none_or(|t| t.id != p.topic_id))
+            .map(|(tp, p)| (tp.clone(), p.clone()))
+            .collect();
+        for (tp, p) in gone {
+            self.partitions.borrow_mut().remove(&tp);
+            let _ = p.log.close().await;
+            let dir = p.log.dir().to_path_buf();
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                tracing::warn!(dir = %dir.display(), error = %e, "could not delete partition directory");
+            } else {
+                tracing::info!(topic = %tp.topic, partition = tp.partition, "deleted partition");
+            }
+        }
+        for (tp, id, settings) in to_open {
+            match Partition::open(&self.config.log_dir, &tp.topic, id, tp.partition, settings, now).await {
+                Ok(p) => {
+                    self.partitions.borrow_mut().insert(tp, p);
+                }
+                Err(e) => {
+                    tracing::error!(topic = %tp.topic, partition = tp.partition, error = %e,
+                        "cannot open partition; it stays offline");
+                }
+            }
+        }
+        if let Some(tx) = self.ready.borrow_mut().take() {
+            let _ = tx.send(());
+        }
+    }
+
+    /// Closes every partition log (flushes and writes indexes) for a clean shutdown.
+    pub async fn close_all(&self) {
+        let parts: Vec<Rc<Partition>> = self.partitions.borrow().values().cloned().collect();
+        for p in parts {
+            if let Err(e) = p.log.close().await {
+                tracing::warn!(topic = %p.topic, partition = p.index, error = %e, "close failed");
+            }
+        }
+    }
+
+    /// Applies retention to this shard's partitions every `log.retention.check.interval.ms`.
+    async fn retention_loop(self: Rc<Self>) {
+        loop {
+            glommio::timer::sleep(Duration::from_millis(self.config.retention_check_interval_ms)).await;
+            let parts: Vec<Rc<Partition>> = self.partitions.borrow().values().cloned().collect();
+            let now = now_ms();
+            for p in parts {
+                let s = p.settings();
+                if let Err(e) = p.log.apply_retention(now, s.retention_ms, s.retention_bytes).await {
+                    tracing::warn!(topic = %p.topic, partition = p.index, error = %e, "retention failed");
+                }
+            }
+        }
+    }
+}
+
+/// Starts `cores` shards and serves until the process is killed. Blocks the calling thread.
+pub fn run(config: BrokerConfig, cores: usize) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&config.log_dir)
+        .map_err(|e| anyhow::anyhow!("cannot create log.dirs {}: {e}", config.log_dir.display()))?;
+    // Load (and validate) the cluster state before any executor starts, so a damaged file
+    // stops start-up with a clear message.
+    let controller = Controller::load(&config.log_dir)?;
+    let controller = Arc::new(std::sync::Mutex::new(Some(controller)));
+    let config = Arc::new(config);
+    let mesh: MeshBuilder<Job, Full> = MeshBuilder::full(cores, MESH_CHANNEL_JOBS);
+    tracing::info!(cores, listen = %config.listen_addr, log_dir = %config.log_dir.display(), "starting ferrolog");
+    let handles = glommio::LocalExecutorPoolBuilder::new(glommio::PoolPlacement::Unbound(cores))
+        .name("ferrolog-shard")
+        .on_all_shards(move || {
+            let config = config.clone();
+            let mesh = mesh.clone();
+            let controller = controller.clone();
+            async move {
+                if let Err(e) = shard_main(config, mesh, controller).await {
+                    tracing::error!(error = %e, "shard failed");
+                    std::process::exit(1);
+                }
+            }
+        })
+        .map_err(|e| anyhow::anyhow!("cannot start shards: {e}"))?;
+    for r in handles.join_all() {
+        r.map_err(|e| anyhow::anyhow!("shard thread failed: {e}"))?;
+    }
+    Ok(())
+}
+
+async fn shard_main(
+    config: Arc<BrokerConfig>,
+    mesh: MeshBuilder<Job, Full>,
+    controller_slot: Arc<std::sync::Mutex<Option<Controller>>>,
+) -> anyhow::Result<()> {
+    let (senders, mut receivers) = mesh.join().await.map_err(|_| anyhow::anyhow!("mesh join failed"))?;
+    let id = ShardId(senders.peer_id());
+    let count = senders.nr_consumers();
+    let controller = if id.0 == 0 {
+        controller_slot.lock().expect("not poisoned").take()
+    } else {
+        None
+    };
+    assert_eq!(controller.is_some(), id.0 == 0, "the controller lives on shard 0");
+    let (ready_tx, ready_rx) = oneshot::channel();
+    let shard = Rc::new(Shard {
+        id,
+        count,
+        config: config.clone(),
+        senders,
+        image: RefCell::new(Arc::new(MetadataImage {
+            cluster_id: String::new(),
+            version: 0,
+            topics: BTreeMap::new(),
+            topic_ids: HashMap::new(),
+        })),
+        partitions: RefCell::new(HashMap::new()),
+        controller: controller.map(RefCell::new),
+        controller_lock: Semaphore::new(1),
+        fetch_sessions: RefCell::new(FetchSessions::new(id)),
+        request_memory: Rc::new(Semaphore::new(REQUEST_MEMORY_BYTES)),
+        ready: RefCell::new(Some(ready_tx)),
+        next_connection_id: Cell::new(0),
+    });
+    for (_, receiver) in receivers.streams() {
+        let shard = shard.clone();
+        glommio::spawn_local(async move {
+            while let Some(job) = receiver.recv().await {
+                job(&shard);
+            }
+        })
+        .detach();
+    }
+    if id.0 == 0 {
+        shard.commit_metadata().await.map_err(|e| anyhow::anyhow!("publishing metadata: {e}"))?;
+    }
+    ready_rx.await.map_err(|_| anyhow::anyhow!("no metadata image arrived"))?;
+    glommio::spawn_local(shard.clone().retention_loop()).detach();
+    crate::kafka::server::serve(shard).await
+}

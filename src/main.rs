@@ -8,16 +8,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-mod config;
-mod errors;
-mod fetch_session;
-mod kafka;
-mod metadata;
-mod partition;
-mod producer_state;
-mod records;
-mod shard;
-mod types;
+use ferrolog::{config, shard};
 
 #[derive(Parser)]
 #[command(name = "ferrolog", version, about = "A Kafka-compatible streaming broker")]

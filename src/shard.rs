@@ -9,6 +9,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,6 +33,15 @@ pub type Job = Box<dyn FnOnce(&Rc<Shard>) + Send>;
 const MESH_CHANNEL_JOBS: usize = 1024;
 /// Request bytes a shard holds in memory at once (reserved before a frame is read).
 pub const REQUEST_MEMORY_BYTES: u64 = 512 << 20;
+/// How often shards look for a shutdown request.
+const SHUTDOWN_POLL_MS: u64 = 50;
+/// How long a clean shutdown may take before the process exits anyway.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Set by the signal thread on SIGTERM/SIGINT; every shard then closes its logs.
+static SHUTDOWN: AtomicBool = AtomicBool::new(false);
+/// Shards that finished closing their logs.
+static SHARDS_CLOSED: AtomicUsize = AtomicUsize::new(0);
 
 pub struct Shard {
     pub id: ShardId,
@@ -259,6 +269,7 @@ pub fn run(config: BrokerConfig, cores: usize) -> anyhow::Result<()> {
     let controller = Arc::new(std::sync::Mutex::new(Some(controller)));
     let config = Arc::new(config);
     let mesh: MeshBuilder<Job, Full> = MeshBuilder::full(cores, MESH_CHANNEL_JOBS);
+    spawn_signal_thread(cores)?;
     tracing::info!(cores, listen = %config.listen_addr, log_dir = %config.log_dir.display(), "starting ferrolog");
     let handles = glommio::LocalExecutorPoolBuilder::new(glommio::PoolPlacement::Unbound(cores))
         .name("ferrolog-shard")
@@ -278,6 +289,37 @@ pub fn run(config: BrokerConfig, cores: usize) -> anyhow::Result<()> {
         r.map_err(|e| anyhow::anyhow!("shard thread failed: {e}"))?;
     }
     Ok(())
+}
+
+/// On SIGTERM or SIGINT: ask every shard to close its logs (flush, write indexes), wait for
+/// them, and exit. A second signal, or a timeout, exits at once; recovery handles the rest.
+fn spawn_signal_thread(cores: usize) -> anyhow::Result<()> {
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT])?;
+    std::thread::Builder::new().name("ferrolog-signals".into()).spawn(move || {
+        if let Some(sig) = signals.forever().next() {
+            tracing::info!(signal = sig, "shutting down: closing partition logs");
+            SHUTDOWN.store(true, Ordering::SeqCst);
+            let deadline = std::time::Instant::now() + SHUTDOWN_TIMEOUT;
+            while SHARDS_CLOSED.load(Ordering::SeqCst) < cores && std::time::Instant::now() < deadline {
+                if signals.pending().next().is_some() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(SHUTDOWN_POLL_MS));
+            }
+            let clean = SHARDS_CLOSED.load(Ordering::SeqCst) >= cores;
+            tracing::info!(clean, "stopped");
+            std::process::exit(if clean { 0 } else { 1 });
+        }
+    })?;
+    Ok(())
+}
+
+async fn shutdown_watch(shard: Rc<Shard>) {
+    while !SHUTDOWN.load(Ordering::SeqCst) {
+        glommio::timer::sleep(Duration::from_millis(SHUTDOWN_POLL_MS)).await;
+    }
+    shard.close_all().await;
+    SHARDS_CLOSED.fetch_add(1, Ordering::SeqCst);
 }
 
 async fn shard_main(
@@ -328,5 +370,6 @@ async fn shard_main(
     }
     ready_rx.await.map_err(|_| anyhow::anyhow!("no metadata image arrived"))?;
     glommio::spawn_local(shard.clone().retention_loop()).detach();
+    glommio::spawn_local(shutdown_watch(shard.clone())).detach();
     crate::kafka::server::serve(shard).await
 }

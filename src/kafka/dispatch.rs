@@ -103,13 +103,21 @@ fn api_versions_error_response(correlation_id: i32) -> Response {
     }
 }
 
-/// Decodes one frame and starts its handler. The returned future completes the response
-/// (`None`: no response, acks=0). `Err` means the connection must close.
-pub async fn start(
-    shard: &Rc<Shard>,
-    connection_id: u64,
-    mut frame: Bytes,
-) -> Result<LocalBoxFuture<'static, Option<Response>>, FrameError> {
+/// A decoded request frame.
+pub enum Decoded {
+    /// ApiVersions at a version newer than ours: answered in v0 without decoding the body.
+    ApiVersionsTooNew { correlation_id: i32 },
+    Request {
+        key: ApiKey,
+        version: i16,
+        header: RequestHeader,
+        body: RequestKind,
+    },
+}
+
+/// Decodes a frame (without its size prefix). Sans-IO, so the fuzz target drives it directly.
+/// `Err` means the connection must close.
+pub fn decode(mut frame: Bytes) -> Result<Decoded, FrameError> {
     if frame.len() < 8 {
         return Err(FrameError::Header(format!("frame of {} bytes", frame.len())));
     }
@@ -121,8 +129,7 @@ pub async fn start(
         return Err(FrameError::UnknownApi(raw_key));
     };
     if key == ApiKey::ApiVersions && version > api.max {
-        let response = api_versions_error_response(correlation_id);
-        return Ok(async move { Some(response) }.boxed_local());
+        return Ok(Decoded::ApiVersionsTooNew { correlation_id });
     }
     if version < api.min || version > api.max {
         return Err(FrameError::UnsupportedVersion { key, version });
@@ -134,6 +141,34 @@ pub async fn start(
         version,
         error: e.to_string(),
     })?;
+    Ok(Decoded::Request {
+        key,
+        version,
+        header,
+        body,
+    })
+}
+
+/// Decodes one frame and starts its handler. The returned future completes the response
+/// (`None`: no response, acks=0). `Err` means the connection must close.
+pub async fn start(
+    shard: &Rc<Shard>,
+    connection_id: u64,
+    frame: Bytes,
+) -> Result<LocalBoxFuture<'static, Option<Response>>, FrameError> {
+    let (key, version, header, body) = match decode(frame)? {
+        Decoded::ApiVersionsTooNew { correlation_id } => {
+            let response = api_versions_error_response(correlation_id);
+            return Ok(async move { Some(response) }.boxed_local());
+        }
+        Decoded::Request {
+            key,
+            version,
+            header,
+            body,
+        } => (key, version, header, body),
+    };
+    let correlation_id = header.correlation_id;
     let ctx = Rc::new(RequestContext {
         shard: shard.clone(),
         header,

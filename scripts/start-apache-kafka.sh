@@ -21,6 +21,9 @@
 #                    its output and waits for readiness itself. tests/conftest.py
 #                    uses this so that kill -9 hits the broker itself.
 #   READY_TIMEOUT_S  background mode: how long to wait for readiness (default 120).
+#   KAFKA_LOG4J_CONFIG  log4j2 config file instead of scripts/apache-kafka/log4j2.properties
+#                    (e.g. one that sets kafka.request.logger to DEBUG to see every
+#                    request's API key and version).
 #
 # First start on an empty DATA_DIR formats storage with
 # `kafka.tools.StorageTool format --standalone` (a single-voter dynamic quorum,
@@ -44,7 +47,7 @@ shift 2
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 lib_dir="$repo_root/.cache/apache-kafka/lib"
-log4j_config="$repo_root/scripts/apache-kafka/log4j2.properties"
+log4j_config="${KAFKA_LOG4J_CONFIG:-$repo_root/scripts/apache-kafka/log4j2.properties}"
 if ! compgen -G "$lib_dir/kafka_2.13-*.jar" >/dev/null; then
     echo "start-apache-kafka: no broker jars in $lib_dir; run scripts/fetch-apache-kafka.sh" >&2
     exit 1

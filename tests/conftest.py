@@ -9,9 +9,15 @@ The system under test is chosen by FERROLOG_TARGET:
                       failure against ferrolog is ferrolog's.
 
 Each test that asks for `broker` gets a fresh process on free loopback ports with
-its own data directory under pytest's tmp_path. The broker's stdout and stderr go
-to broker.log next to the data directory; when a test fails, the tail of that log
-is attached to the report. The process is always killed at teardown.
+its own data directory under pytest's tmp_path. A test that needs other broker
+configs says so with a marker, which works for both targets (ferrolog gets
+`--override KEY=VALUE`, Apache Kafka gets the line in server.properties):
+
+  @pytest.mark.broker_config({"auto.create.topics.enable": "false", "num.partitions": "3"})
+
+The broker's stdout and stderr go to broker.log next to the data directory; when
+a test fails, the tail of that log is attached to the report. The process is
+always killed at teardown.
 
 Client prerequisites come from scripts/install-test-deps.sh (and, for the
 apache target, scripts/fetch-apache-kafka.sh); a missing one fails the test
@@ -84,8 +90,10 @@ def _raise_memlock():
 class Broker:
     """One broker process of the system under test, on fixed ports and one data dir."""
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, overrides=None):
         self.workdir = workdir
+        # Extra broker configs (Kafka names), applied after the fixture's own.
+        self.overrides = {str(k): str(v) for k, v in (overrides or {}).items()}
         self.data_dir = workdir / "data"
         self.log_path = workdir / "broker.log"
         self.port = free_port()
@@ -101,7 +109,8 @@ class Broker:
             if not any(lib.glob("kafka_2.13-*.jar")):
                 pytest.fail(f"Apache Kafka is not in {lib}: run scripts/fetch-apache-kafka.sh")
             env = dict(os.environ, FOREGROUND="1", CONTROLLER_PORT=str(self.controller_port))
-            return ["bash", str(script), str(self.port), str(self.data_dir), *APACHE_TEST_CONFIG], env, None
+            extra = [f"{k}={v}" for k, v in self.overrides.items()]
+            return ["bash", str(script), str(self.port), str(self.data_dir), *APACHE_TEST_CONFIG, *extra], env, None
         if TARGET == "ferrolog":
             binary = Path(os.environ.get("FERROLOG_BIN", REPO_ROOT / "target" / "release" / "ferrolog"))
             if not binary.is_file():
@@ -114,6 +123,8 @@ class Broker:
                 "--override", f"log.dirs={self.data_dir}",
                 "--override", "num.partitions=1",
             ]  # fmt: skip
+            for k, v in self.overrides.items():
+                cmd += ["--override", f"{k}={v}"]
             env = dict(os.environ, RUST_BACKTRACE="1")
             return cmd, env, _raise_memlock
         pytest.fail(f"FERROLOG_TARGET={TARGET!r}: expected 'ferrolog' or 'apache'")
@@ -178,8 +189,9 @@ class Broker:
 
 
 @pytest.fixture
-def broker(tmp_path):
-    b = Broker(tmp_path)
+def broker(request, tmp_path):
+    marker = request.node.get_closest_marker("broker_config")
+    b = Broker(tmp_path, overrides=marker.args[0] if marker else None)
     try:
         yield b.start()
     finally:
@@ -196,6 +208,12 @@ def pytest_runtest_makereport(item, call):
     b = getattr(item, "funcargs", {}).get("broker")
     if report.failed and isinstance(b, Broker):
         report.sections.append((f"broker output, tail of {b.log_path}", b.log_tail()))
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "broker_config(dict): extra broker configs (Kafka names) for the `broker` fixture"
+    )
 
 
 def pytest_report_header(config):

@@ -3,6 +3,7 @@
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,31 @@ def java(main_class, *args, timeout_s=180, input_text=None, check=True):
         "-cp", f"{lib}/*", main_class, *map(str, args),
     ]  # fmt: skip
     return run(cmd, timeout_s, input_text=input_text, check=check)
+
+
+def wait_until(predicate, what, timeout_s=30.0, interval_s=0.1):
+    """Poll `predicate` until it returns a truthy value, which is returned; fail the test after timeout_s.
+
+    For state that a broker makes visible asynchronously (Apache Kafka's brokers
+    apply topic creations and deletions from the metadata log a moment after the
+    controller accepted them), never for timing assertions.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not true after {timeout_s} s (last value {value!r})")
+        time.sleep(interval_s)
+
+
+def kafka_error_code(future, timeout_s=30.0):
+    """The Kafka error code a confluent-kafka admin future failed with, or 0 if it succeeded."""
+    from confluent_kafka import KafkaException
+
+    try:
+        future.result(timeout=timeout_s)
+    except KafkaException as e:
+        return e.args[0].code()
+    return 0

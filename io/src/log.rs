@@ -412,12 +412,18 @@ impl Log {
         if end > allocated {
             let target = (end + step).min(segment_bytes.max(end));
             let target = target.div_ceil(ALIGN) * ALIGN;
-            file.pre_allocate(target, true)
-                .await
-                .map_err(|e| io_error("preallocating", &path, e))?;
+            // Preallocation only helps layout: when it fails (a nearly full disk), write on
+            // and let the write itself report ENOSPC if the space is really gone.
+            let reserved = match file.pre_allocate(target, true).await {
+                Ok(()) => target,
+                Err(e) => {
+                    tracing::debug!(path = %path.display(), error = %e, "preallocation failed");
+                    end
+                }
+            };
             let mut st = self.state.borrow_mut();
             if let Some(seg) = find_segment_mut(&mut st.segments, base) {
-                seg.allocated = target;
+                seg.allocated = reserved;
             }
         }
         // The partial page at the current end is rewritten whole, from the copy kept in memory.

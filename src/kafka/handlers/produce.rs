@@ -16,6 +16,10 @@ use crate::types::{now_ms, TopicPartition};
 
 type PartitionResult = Result<(Appended, i64), BrokerError>;
 
+/// Bytes a partition may hold appended but not yet on disk before acks=0/1 answers wait for
+/// the disk too: the producer then slows down instead of the broker buffering without bound.
+const PENDING_BYTES_MAX: usize = 64 << 20;
+
 /// Appends now (in request order); the returned future completes the response.
 pub async fn start(ctx: Rc<RequestContext>, req: ProduceRequest) -> LocalBoxFuture<'static, Option<ProduceResponse>> {
     let acks = req.acks;
@@ -50,7 +54,8 @@ pub async fn start(ctx: Rc<RequestContext>, req: ProduceRequest) -> LocalBoxFutu
                         let appended = partition.append(&records, now);
                         async move {
                             let appended = appended?;
-                            if acks == -1 && !appended.duplicate {
+                            let backlog = partition.log.pending_bytes() > PENDING_BYTES_MAX;
+                            if (acks == -1 || backlog) && !appended.duplicate {
                                 partition
                                     .log
                                     .wait_durable(appended.end_offset)

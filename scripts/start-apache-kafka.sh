@@ -6,8 +6,9 @@
 #
 #   PORT       client listener, PLAINTEXT://127.0.0.1:PORT (also advertised).
 #   DATA_DIR   created if missing. Holds server.properties (written on every
-#              start), log/ (log.dirs and the KRaft metadata log), format.out,
-#              kafka.out (broker output, background mode) and kafka.pid.
+#              start), log/ (log.dirs and the KRaft metadata log), tmp/ (the
+#              JVM's java.io.tmpdir), format.out, kafka.out (broker output,
+#              background mode) and kafka.pid.
 #   KEY=VALUE  extra broker configs appended to server.properties, overriding the
 #              defaults below, e.g. log.flush.interval.messages=1 num.partitions=3.
 #
@@ -104,6 +105,9 @@ java_opts=(
     -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35
     -XX:+ExplicitGCInvokesConcurrent -Djava.awt.headless=true
     "-Dlog4j2.configurationFile=$log4j_config"
+    # snappy-java and lz4-java unpack their native libraries into java.io.tmpdir
+    # and delete them only on a clean exit; keep a killed broker's in DATA_DIR.
+    "-Djava.io.tmpdir=$data_dir/tmp"
     -cp "$lib_dir/*"
 )
 
@@ -124,6 +128,7 @@ if [[ ! -f "$log_dir/meta.properties" ]]; then
     fi
 fi
 
+mkdir -p "$data_dir/tmp"
 if [[ "${FOREGROUND:-0}" == 1 ]]; then
     exec java "${java_opts[@]}" kafka.Kafka "$props"
 fi

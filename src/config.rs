@@ -54,8 +54,12 @@ pub struct TopicConfigDef {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConfigKind {
-    Long { min: i64 },
-    Int { min: i64 },
+    Long {
+        min: i64,
+    },
+    Int {
+        min: i64,
+    },
     Bool,
     Str,
     /// A value from a fixed set (comma-separated list allowed for `cleanup.policy`).
@@ -83,40 +87,244 @@ const LONGM1: ConfigKind = ConfigKind::Long { min: -1 };
 
 /// Every topic config Kafka 4.1 defines, with its default.
 pub const TOPIC_CONFIGS: &[TopicConfigDef] = &[
-    def("cleanup.policy", Some("log.cleanup.policy"), "delete", ConfigKind::List(&["delete", "compact"]), false),
-    def("compression.gzip.level", Some("compression.gzip.level"), "-1", ConfigKind::Int { min: -1 }, false),
-    def("compression.lz4.level", Some("compression.lz4.level"), "9", ConfigKind::Int { min: 1 }, false),
-    def("compression.type", Some("compression.type"), "producer", ConfigKind::OneOf(&["uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"]), false),
-    def("compression.zstd.level", Some("compression.zstd.level"), "3", ConfigKind::Int { min: -131072 }, false),
-    def("delete.retention.ms", Some("log.cleaner.delete.retention.ms"), "86400000", LONG0, false),
-    def("file.delete.delay.ms", Some("log.segment.delete.delay.ms"), "60000", LONG0, false),
-    def("flush.messages", Some("log.flush.interval.messages"), "9223372036854775807", ConfigKind::Long { min: 1 }, false),
-    def("flush.ms", Some("log.flush.interval.ms"), "9223372036854775807", LONG0, false),
-    def("follower.replication.throttled.replicas", None, "", ConfigKind::Str, false),
-    def("index.interval.bytes", Some("log.index.interval.bytes"), "4096", ConfigKind::Int { min: 0 }, true),
-    def("leader.replication.throttled.replicas", None, "", ConfigKind::Str, false),
-    def("local.retention.bytes", Some("log.local.retention.bytes"), "-2", ConfigKind::Long { min: -2 }, false),
-    def("local.retention.ms", Some("log.local.retention.ms"), "-2", ConfigKind::Long { min: -2 }, false),
-    def("max.compaction.lag.ms", Some("log.cleaner.max.compaction.lag.ms"), "9223372036854775807", ConfigKind::Long { min: 1 }, false),
-    def("max.message.bytes", Some("message.max.bytes"), "1048588", ConfigKind::Int { min: 0 }, true),
-    def("message.downconversion.enable", None, "true", ConfigKind::Bool, false),
-    def("message.timestamp.after.max.ms", Some("log.message.timestamp.after.max.ms"), "3600000", LONG0, true),
-    def("message.timestamp.before.max.ms", Some("log.message.timestamp.before.max.ms"), "9223372036854775807", LONG0, true),
-    def("message.timestamp.type", Some("log.message.timestamp.type"), "CreateTime", ConfigKind::OneOf(&["CreateTime", "LogAppendTime"]), true),
-    def("min.cleanable.dirty.ratio", Some("log.cleaner.min.cleanable.ratio"), "0.5", ConfigKind::Double, false),
-    def("min.compaction.lag.ms", Some("log.cleaner.min.compaction.lag.ms"), "0", LONG0, false),
-    def("min.insync.replicas", Some("min.insync.replicas"), "1", ConfigKind::Int { min: 1 }, true),
-    def("preallocate", Some("log.preallocate"), "false", ConfigKind::Bool, false),
-    def("remote.log.copy.disable", None, "false", ConfigKind::Bool, false),
-    def("remote.log.delete.on.disable", None, "false", ConfigKind::Bool, false),
-    def("remote.storage.enable", None, "false", ConfigKind::Bool, false),
-    def("retention.bytes", Some("log.retention.bytes"), "-1", LONGM1, true),
-    def("retention.ms", Some("log.retention.ms"), "604800000", LONGM1, true),
-    def("segment.bytes", Some("log.segment.bytes"), "1073741824", ConfigKind::Int { min: 14 }, true),
-    def("segment.index.bytes", Some("log.index.size.max.bytes"), "10485760", ConfigKind::Int { min: 4 }, false),
-    def("segment.jitter.ms", Some("log.roll.jitter.ms"), "0", LONG0, false),
-    def("segment.ms", Some("log.roll.ms"), "604800000", ConfigKind::Long { min: 1 }, true),
-    def("unclean.leader.election.enable", Some("unclean.leader.election.enable"), "false", ConfigKind::Bool, false),
+    def(
+        "cleanup.policy",
+        Some("log.cleanup.policy"),
+        "delete",
+        ConfigKind::List(&["delete", "compact"]),
+        false,
+    ),
+    def(
+        "compression.gzip.level",
+        Some("compression.gzip.level"),
+        "-1",
+        ConfigKind::Int { min: -1 },
+        false,
+    ),
+    def(
+        "compression.lz4.level",
+        Some("compression.lz4.level"),
+        "9",
+        ConfigKind::Int { min: 1 },
+        false,
+    ),
+    def(
+        "compression.type",
+        Some("compression.type"),
+        "producer",
+        ConfigKind::OneOf(&["uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"]),
+        false,
+    ),
+    def(
+        "compression.zstd.level",
+        Some("compression.zstd.level"),
+        "3",
+        ConfigKind::Int { min: -131072 },
+        false,
+    ),
+    def(
+        "delete.retention.ms",
+        Some("log.cleaner.delete.retention.ms"),
+        "86400000",
+        LONG0,
+        false,
+    ),
+    def(
+        "file.delete.delay.ms",
+        Some("log.segment.delete.delay.ms"),
+        "60000",
+        LONG0,
+        false,
+    ),
+    def(
+        "flush.messages",
+        Some("log.flush.interval.messages"),
+        "9223372036854775807",
+        ConfigKind::Long { min: 1 },
+        false,
+    ),
+    def(
+        "flush.ms",
+        Some("log.flush.interval.ms"),
+        "9223372036854775807",
+        LONG0,
+        false,
+    ),
+    def(
+        "follower.replication.throttled.replicas",
+        None,
+        "",
+        ConfigKind::Str,
+        false,
+    ),
+    def(
+        "index.interval.bytes",
+        Some("log.index.interval.bytes"),
+        "4096",
+        ConfigKind::Int { min: 0 },
+        true,
+    ),
+    def(
+        "leader.replication.throttled.replicas",
+        None,
+        "",
+        ConfigKind::Str,
+        false,
+    ),
+    def(
+        "local.retention.bytes",
+        Some("log.local.retention.bytes"),
+        "-2",
+        ConfigKind::Long { min: -2 },
+        false,
+    ),
+    def(
+        "local.retention.ms",
+        Some("log.local.retention.ms"),
+        "-2",
+        ConfigKind::Long { min: -2 },
+        false,
+    ),
+    def(
+        "max.compaction.lag.ms",
+        Some("log.cleaner.max.compaction.lag.ms"),
+        "9223372036854775807",
+        ConfigKind::Long { min: 1 },
+        false,
+    ),
+    def(
+        "max.message.bytes",
+        Some("message.max.bytes"),
+        "1048588",
+        ConfigKind::Int { min: 0 },
+        true,
+    ),
+    def(
+        "message.downconversion.enable",
+        None,
+        "true",
+        ConfigKind::Bool,
+        false,
+    ),
+    def(
+        "message.timestamp.after.max.ms",
+        Some("log.message.timestamp.after.max.ms"),
+        "3600000",
+        LONG0,
+        true,
+    ),
+    def(
+        "message.timestamp.before.max.ms",
+        Some("log.message.timestamp.before.max.ms"),
+        "9223372036854775807",
+        LONG0,
+        true,
+    ),
+    def(
+        "message.timestamp.type",
+        Some("log.message.timestamp.type"),
+        "CreateTime",
+        ConfigKind::OneOf(&["CreateTime", "LogAppendTime"]),
+        true,
+    ),
+    def(
+        "min.cleanable.dirty.ratio",
+        Some("log.cleaner.min.cleanable.ratio"),
+        "0.5",
+        ConfigKind::Double,
+        false,
+    ),
+    def(
+        "min.compaction.lag.ms",
+        Some("log.cleaner.min.compaction.lag.ms"),
+        "0",
+        LONG0,
+        false,
+    ),
+    def(
+        "min.insync.replicas",
+        Some("min.insync.replicas"),
+        "1",
+        ConfigKind::Int { min: 1 },
+        true,
+    ),
+    def(
+        "preallocate",
+        Some("log.preallocate"),
+        "false",
+        ConfigKind::Bool,
+        false,
+    ),
+    def(
+        "remote.log.copy.disable",
+        None,
+        "false",
+        ConfigKind::Bool,
+        false,
+    ),
+    def(
+        "remote.log.delete.on.disable",
+        None,
+        "false",
+        ConfigKind::Bool,
+        false,
+    ),
+    def(
+        "remote.storage.enable",
+        None,
+        "false",
+        ConfigKind::Bool,
+        false,
+    ),
+    def(
+        "retention.bytes",
+        Some("log.retention.bytes"),
+        "-1",
+        LONGM1,
+        true,
+    ),
+    def(
+        "retention.ms",
+        Some("log.retention.ms"),
+        "604800000",
+        LONGM1,
+        true,
+    ),
+    def(
+        "segment.bytes",
+        Some("log.segment.bytes"),
+        "1073741824",
+        ConfigKind::Int { min: 14 },
+        true,
+    ),
+    def(
+        "segment.index.bytes",
+        Some("log.index.size.max.bytes"),
+        "10485760",
+        ConfigKind::Int { min: 4 },
+        false,
+    ),
+    def(
+        "segment.jitter.ms",
+        Some("log.roll.jitter.ms"),
+        "0",
+        LONG0,
+        false,
+    ),
+    def(
+        "segment.ms",
+        Some("log.roll.ms"),
+        "604800000",
+        ConfigKind::Long { min: 1 },
+        true,
+    ),
+    def(
+        "unclean.leader.election.enable",
+        Some("unclean.leader.election.enable"),
+        "false",
+        ConfigKind::Bool,
+        false,
+    ),
 ];
 
 const fn def(
@@ -141,7 +349,12 @@ pub fn topic_config_def(name: &str) -> Option<&'static TopicConfigDef> {
 
 /// Checks one value against its definition; the error is the message Kafka clients see.
 pub fn validate_value(def: &TopicConfigDef, value: &str) -> Result<(), String> {
-    let bad = |why: &str| Err(format!("Invalid value {value} for configuration {}: {why}", def.name));
+    let bad = |why: &str| {
+        Err(format!(
+            "Invalid value {value} for configuration {}: {why}",
+            def.name
+        ))
+    };
     match def.kind {
         ConfigKind::Long { min } | ConfigKind::Int { min } => match value.trim().parse::<i64>() {
             Ok(v) if v < min => bad(&format!("Value must be at least {min}")),
@@ -155,7 +368,11 @@ pub fn validate_value(def: &TopicConfigDef, value: &str) -> Result<(), String> {
             "true" | "false" => Ok(()),
             _ => bad("Expected value to be either true or false"),
         },
-        ConfigKind::Double => value.trim().parse::<f64>().map(|_| ()).or_else(|_| bad("Not a number")),
+        ConfigKind::Double => value
+            .trim()
+            .parse::<f64>()
+            .map(|_| ())
+            .or_else(|_| bad("Not a number")),
         ConfigKind::Str => Ok(()),
         ConfigKind::OneOf(allowed) => {
             if allowed.contains(&value.trim()) {
@@ -234,7 +451,8 @@ pub fn parse_properties(text: &str) -> anyhow::Result<Vec<(String, String)>> {
     let mut logical = String::new();
     for (n, raw) in text.lines().enumerate() {
         let line = raw.trim_start();
-        if logical.is_empty() && (line.is_empty() || line.starts_with('#') || line.starts_with('!')) {
+        if logical.is_empty() && (line.is_empty() || line.starts_with('#') || line.starts_with('!'))
+        {
             continue;
         }
         if let Some(stripped) = line.strip_suffix('\\') {
@@ -246,7 +464,10 @@ pub fn parse_properties(text: &str) -> anyhow::Result<Vec<(String, String)>> {
         let split = entry
             .find(['=', ':'])
             .with_context(|| format!("line {}: expected KEY=VALUE, got {entry:?}", n + 1))?;
-        out.push((entry[..split].trim().to_string(), entry[split + 1..].trim().to_string()));
+        out.push((
+            entry[..split].trim().to_string(),
+            entry[split + 1..].trim().to_string(),
+        ));
     }
     Ok(out)
 }
@@ -262,7 +483,9 @@ fn parse_listener(value: &str, key: &str) -> anyhow::Result<(String, u16)> {
     let (host, port) = hostport
         .rsplit_once(':')
         .with_context(|| format!("{key}={value}: missing port"))?;
-    let port: u16 = port.parse().with_context(|| format!("{key}={value}: bad port"))?;
+    let port: u16 = port
+        .parse()
+        .with_context(|| format!("{key}={value}: bad port"))?;
     Ok((host.trim_matches(['[', ']']).to_string(), port))
 }
 
@@ -273,7 +496,9 @@ impl BrokerConfig {
         for (key, value) in settings {
             let v = value.as_str();
             let int = |min: i64, max: i64| -> anyhow::Result<i64> {
-                let n: i64 = v.parse().with_context(|| format!("{key}={v}: not a number"))?;
+                let n: i64 = v
+                    .parse()
+                    .with_context(|| format!("{key}={v}: not a number"))?;
                 if n < min || n > max {
                     bail!("{key}={v}: must be between {min} and {max}");
                 }
@@ -290,7 +515,11 @@ impl BrokerConfig {
                 "node.id" | "broker.id" => self.node_id = int(0, i64::from(i32::MAX))? as i32,
                 "listeners" => {
                     let (host, port) = parse_listener(v, key)?;
-                    let bind_host = if host.is_empty() { "0.0.0.0".to_string() } else { host.clone() };
+                    let bind_host = if host.is_empty() {
+                        "0.0.0.0".to_string()
+                    } else {
+                        host.clone()
+                    };
                     self.listen_addr = format!("{bind_host}:{port}")
                         .parse()
                         .with_context(|| format!("{key}={v}: host must be an IP address"))?;
@@ -322,13 +551,33 @@ impl BrokerConfig {
                 }
                 "auto.create.topics.enable" => self.auto_create_topics = boolean()?,
                 "delete.topic.enable" => self.delete_topic_enable = boolean()?,
-                "socket.request.max.bytes" => self.socket_request_max_bytes = int(1, i64::from(i32::MAX))? as usize,
-                "log.retention.check.interval.ms" => self.retention_check_interval_ms = int(1, i64::MAX)? as u64,
-                "log.retention.minutes" => self.set_topic_default("retention.ms", &(int(-1, i64::MAX / 60_000)? * 60_000).to_string(), key)?,
-                "log.retention.hours" => self.set_topic_default("retention.ms", &(int(-1, i64::MAX / 3_600_000)? * 3_600_000).to_string(), key)?,
-                "log.roll.hours" => self.set_topic_default("segment.ms", &(int(1, i64::MAX / 3_600_000)? * 3_600_000).to_string(), key)?,
+                "socket.request.max.bytes" => {
+                    self.socket_request_max_bytes = int(1, i64::from(i32::MAX))? as usize
+                }
+                "log.retention.check.interval.ms" => {
+                    self.retention_check_interval_ms = int(1, i64::MAX)? as u64
+                }
+                "log.retention.minutes" => self.set_topic_default(
+                    "retention.ms",
+                    &(int(-1, i64::MAX / 60_000)? * 60_000).to_string(),
+                    key,
+                )?,
+                "log.retention.hours" => self.set_topic_default(
+                    "retention.ms",
+                    &(int(-1, i64::MAX / 3_600_000)? * 3_600_000).to_string(),
+                    key,
+                )?,
+                "log.roll.hours" => self.set_topic_default(
+                    "segment.ms",
+                    &(int(1, i64::MAX / 3_600_000)? * 3_600_000).to_string(),
+                    key,
+                )?,
                 k if IGNORED_BROKER_KEYS.contains(&k) => {
-                    tracing::warn!(key = k, value = v, "config has no effect in ferrolog; ignored");
+                    tracing::warn!(
+                        key = k,
+                        value = v,
+                        "config has no effect in ferrolog; ignored"
+                    );
                 }
                 k => {
                     let def = TOPIC_CONFIGS.iter().find(|d| d.broker_key == Some(k));
@@ -342,7 +591,12 @@ impl BrokerConfig {
         Ok(())
     }
 
-    fn set_topic_default(&mut self, name: &'static str, value: &str, key: &str) -> anyhow::Result<()> {
+    fn set_topic_default(
+        &mut self,
+        name: &'static str,
+        value: &str,
+        key: &str,
+    ) -> anyhow::Result<()> {
         let def = topic_config_def(name).expect("known topic config");
         validate_value(def, value).map_err(|e| anyhow::anyhow!("{key}: {e}"))?;
         self.topic_defaults.insert(def.name, value.to_string());
@@ -366,7 +620,10 @@ pub struct TopicSettings {
 }
 
 impl TopicSettings {
-    pub fn resolve(defaults: &BTreeMap<&'static str, String>, overrides: &BTreeMap<String, String>) -> TopicSettings {
+    pub fn resolve(
+        defaults: &BTreeMap<&'static str, String>,
+        overrides: &BTreeMap<String, String>,
+    ) -> TopicSettings {
         let get = |name: &str| -> &str {
             overrides
                 .get(name)
@@ -414,8 +671,12 @@ mod tests {
         assert_eq!(c.topic_defaults["segment.bytes"], "1024");
         let err = c.apply(&[("no.such.key".into(), "1".into())]).unwrap_err();
         assert!(err.to_string().contains("no.such.key"));
-        assert!(c.apply(&[("log.segment.bytes".into(), "5".into())]).is_err());
-        assert!(c.apply(&[("num.partitions".into(), "zero".into())]).is_err());
+        assert!(c
+            .apply(&[("log.segment.bytes".into(), "5".into())])
+            .is_err());
+        assert!(c
+            .apply(&[("num.partitions".into(), "zero".into())])
+            .is_err());
     }
 
     #[test]

@@ -50,9 +50,10 @@ impl BrokerError {
     pub fn from_log(e: LogError) -> BrokerError {
         match e {
             LogError::OffsetOutOfRange { .. } => BrokerError::OffsetOutOfRange,
-            LogError::Io(_) | LogError::Corrupt(_) | LogError::InvalidBatch(_) | LogError::Closed => {
-                BrokerError::Storage(e.to_string())
-            }
+            LogError::Io(_)
+            | LogError::Corrupt(_)
+            | LogError::InvalidBatch(_)
+            | LogError::Closed => BrokerError::Storage(e.to_string()),
         }
     }
 

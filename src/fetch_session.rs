@@ -62,7 +62,11 @@ impl FetchSessions {
             }
         }
         let id = self.next_id;
-        self.next_id = if self.next_id == i32::MAX { 1 } else { self.next_id + 1 };
+        self.next_id = if self.next_id == i32::MAX {
+            1
+        } else {
+            self.next_id + 1
+        };
         self.clock += 1;
         self.sessions.insert(
             id,

@@ -11,7 +11,11 @@ use clap::{Parser, Subcommand};
 use ferrolog::{config, shard};
 
 #[derive(Parser)]
-#[command(name = "ferrolog", version, about = "A Kafka-compatible streaming broker")]
+#[command(
+    name = "ferrolog",
+    version,
+    about = "A Kafka-compatible streaming broker"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -36,7 +40,8 @@ enum Command {
 fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("FERROLOG_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            tracing_subscriber::EnvFilter::try_from_env("FERROLOG_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_target(false)
         .init();
@@ -49,11 +54,19 @@ fn main() {
 fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Start { config, overrides, cores } => {
+        Command::Start {
+            config,
+            overrides,
+            cores,
+        } => {
             let mut settings = Vec::new();
             if let Some(path) = &config {
-                let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-                settings.extend(config::parse_properties(&text).with_context(|| format!("parsing {}", path.display()))?);
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading {}", path.display()))?;
+                settings.extend(
+                    config::parse_properties(&text)
+                        .with_context(|| format!("parsing {}", path.display()))?,
+                );
             }
             for o in &overrides {
                 let (k, v) = o

@@ -121,10 +121,14 @@ impl Partition {
         let header = match BatchHeader::parse(records) {
             Ok(h) => h,
             Err(BatchError::UnsupportedMagic(m)) => {
-                return Err(BrokerError::InvalidRecord(format!("record batch magic {m} is not supported")))
+                return Err(BrokerError::InvalidRecord(format!(
+                    "record batch magic {m} is not supported"
+                )))
             }
             Err(BatchError::InvalidCount { .. }) => {
-                return Err(BrokerError::InvalidRecord("record count does not match the offsets".into()))
+                return Err(BrokerError::InvalidRecord(
+                    "record count does not match the offsets".into(),
+                ))
             }
             Err(e) => return Err(BrokerError::CorruptMessage(e.to_string())),
         };
@@ -136,7 +140,9 @@ impl Partition {
             )));
         }
         let header = batch::verify(records).map_err(|e| match e {
-            BatchError::CrcMismatch { .. } | BatchError::Truncated { .. } => BrokerError::CorruptMessage(e.to_string()),
+            BatchError::CrcMismatch { .. } | BatchError::Truncated { .. } => {
+                BrokerError::CorruptMessage(e.to_string())
+            }
             other => BrokerError::InvalidRecord(other.to_string()),
         })?;
         if header.total_bytes() != records.len() {
@@ -157,11 +163,18 @@ impl Partition {
         })?;
         match self.producers.borrow().check(&header) {
             SequenceCheck::Accept => {}
-            SequenceCheck::Duplicate { base_offset, timestamp } => {
+            SequenceCheck::Duplicate {
+                base_offset,
+                timestamp,
+            } => {
                 return Ok(Appended {
                     base_offset,
                     end_offset: base_offset + i64::from(header.last_offset_delta) + 1,
-                    log_append_time_ms: if settings.log_append_time { timestamp } else { -1 },
+                    log_append_time_ms: if settings.log_append_time {
+                        timestamp
+                    } else {
+                        -1
+                    },
                     duplicate: true,
                 })
             }
@@ -209,7 +222,10 @@ impl Partition {
 
     /// ListOffsets by timestamp: the first record with timestamp >= `timestamp`, as
     /// (offset, timestamp), or None when every record is older.
-    pub async fn offset_for_timestamp(&self, timestamp: i64) -> Result<Option<(i64, i64)>, BrokerError> {
+    pub async fn offset_for_timestamp(
+        &self,
+        timestamp: i64,
+    ) -> Result<Option<(i64, i64)>, BrokerError> {
         let hw = self.high_watermark();
         let Some(batch_bytes) = self
             .log
@@ -219,7 +235,8 @@ impl Partition {
         else {
             return Ok(None);
         };
-        let header = BatchHeader::parse(&batch_bytes).map_err(|e| BrokerError::Storage(e.to_string()))?;
+        let header =
+            BatchHeader::parse(&batch_bytes).map_err(|e| BrokerError::Storage(e.to_string()))?;
         if header.attributes & ATTR_TIMESTAMP_LOG_APPEND != 0 {
             return Ok(Some((header.base_offset, header.max_timestamp)));
         }
@@ -240,7 +257,11 @@ impl Partition {
             return Ok(None);
         };
         let hw = self.high_watermark();
-        let bytes = self.log.read(batch_offset, 1, hw).await.map_err(BrokerError::from_log)?;
+        let bytes = self
+            .log
+            .read(batch_offset, 1, hw)
+            .await
+            .map_err(BrokerError::from_log)?;
         if bytes.is_empty() {
             return Ok(None);
         }
@@ -268,10 +289,14 @@ fn stamp_log_append_time(batch_bytes: &mut [u8], now_ms: i64) {
     const ATTRIBUTES: usize = 21;
     const MAX_TIMESTAMP: usize = 35;
     const CRC: usize = 17;
-    let attrs = i16::from_be_bytes([batch_bytes[ATTRIBUTES], batch_bytes[ATTRIBUTES + 1]]) | ATTR_TIMESTAMP_LOG_APPEND;
+    let attrs = i16::from_be_bytes([batch_bytes[ATTRIBUTES], batch_bytes[ATTRIBUTES + 1]])
+        | ATTR_TIMESTAMP_LOG_APPEND;
     batch_bytes[ATTRIBUTES..ATTRIBUTES + 2].copy_from_slice(&attrs.to_be_bytes());
     batch_bytes[MAX_TIMESTAMP..MAX_TIMESTAMP + 8].copy_from_slice(&now_ms.to_be_bytes());
     let crc = batch::compute_crc(batch_bytes);
     batch_bytes[CRC..CRC + 4].copy_from_slice(&crc.to_be_bytes());
-    assert!(batch::verify(batch_bytes).is_ok(), "re-stamped batch must verify");
+    assert!(
+        batch::verify(batch_bytes).is_ok(),
+        "re-stamped batch must verify"
+    );
 }

@@ -97,11 +97,14 @@ impl ProducerStates {
         }
         self.clock += 1;
         let clock = self.clock;
-        let entry = self.producers.entry(h.producer_id).or_insert_with(|| ProducerEntry {
-            epoch: h.producer_epoch,
-            batches: VecDeque::with_capacity(BATCHES_RETAINED),
-            last_used: clock,
-        });
+        let entry = self
+            .producers
+            .entry(h.producer_id)
+            .or_insert_with(|| ProducerEntry {
+                epoch: h.producer_epoch,
+                batches: VecDeque::with_capacity(BATCHES_RETAINED),
+                last_used: clock,
+            });
         if h.producer_epoch != entry.epoch {
             entry.epoch = h.producer_epoch;
             entry.batches.clear();
@@ -149,23 +152,38 @@ mod tests {
     #[test]
     fn kafka_sequence_rules() {
         let mut s = ProducerStates::default();
-        assert_eq!(s.check(&h(1, 0, 42, 1, 0)), SequenceCheck::Accept, "unknown producer starts anywhere");
+        assert_eq!(
+            s.check(&h(1, 0, 42, 1, 0)),
+            SequenceCheck::Accept,
+            "unknown producer starts anywhere"
+        );
         s.record(&h(1, 0, 0, 3, 0));
         assert_eq!(s.check(&h(1, 0, 3, 2, 3)), SequenceCheck::Accept);
         s.record(&h(1, 0, 3, 2, 3));
         assert_eq!(
             s.check(&h(1, 0, 0, 3, 99)),
-            SequenceCheck::Duplicate { base_offset: 0, timestamp: 7 }
+            SequenceCheck::Duplicate {
+                base_offset: 0,
+                timestamp: 7
+            }
         );
         assert_eq!(s.check(&h(1, 0, 6, 1, 9)), SequenceCheck::OutOfOrder, "gap");
-        assert_eq!(s.check(&h(1, 1, 5, 1, 9)), SequenceCheck::OutOfOrder, "new epoch must start at 0");
+        assert_eq!(
+            s.check(&h(1, 1, 5, 1, 9)),
+            SequenceCheck::OutOfOrder,
+            "new epoch must start at 0"
+        );
         assert_eq!(s.check(&h(1, 1, 0, 1, 9)), SequenceCheck::Accept);
         s.record(&h(1, 1, 0, 1, 9));
         assert_eq!(s.check(&h(1, 0, 5, 1, 9)), SequenceCheck::StaleEpoch);
         for i in 1..=6 {
             s.record(&h(1, 1, i, 1, 9 + i64::from(i)));
         }
-        assert_eq!(s.check(&h(1, 1, 1, 1, 0)), SequenceCheck::OutOfOrder, "only five batches are kept");
+        assert_eq!(
+            s.check(&h(1, 1, 1, 1, 0)),
+            SequenceCheck::OutOfOrder,
+            "only five batches are kept"
+        );
     }
 
     #[test]

@@ -57,7 +57,11 @@ pub fn for_each_record(
             let raw = snappy_decompress(body).map_err(invalid)?;
             walk(header, &mut &raw[..], &mut visit)
         }
-        3 => walk(header, &mut lz4_flex::frame::FrameDecoder::new(body), &mut visit),
+        3 => walk(
+            header,
+            &mut lz4_flex::frame::FrameDecoder::new(body),
+            &mut visit,
+        ),
         4 => {
             let mut d = zstd::stream::read::Decoder::with_buffer(body).map_err(invalid)?;
             walk(header, &mut d, &mut visit)
@@ -67,7 +71,11 @@ pub fn for_each_record(
 }
 
 /// Checks the records of a batch and, if all are fine, returns nothing.
-pub fn validate(header: &BatchHeader, batch: &[u8], policy: &TimestampPolicy) -> Result<(), RecordError> {
+pub fn validate(
+    header: &BatchHeader,
+    batch: &[u8],
+    policy: &TimestampPolicy,
+) -> Result<(), RecordError> {
     let mut index = 0i32;
     for_each_record(header, batch, |r| {
         if !policy.log_append_time && !header.is_control() {
@@ -140,7 +148,10 @@ fn walk(
 fn skip_bytes_field(input: &mut dyn Read) -> io::Result<()> {
     let len = read_varint(input)?;
     if len < -1 {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "negative length"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "negative length",
+        ));
     }
     if len > 0 {
         skip(input, len as u64)?;
@@ -151,7 +162,10 @@ fn skip_bytes_field(input: &mut dyn Read) -> io::Result<()> {
 fn skip(input: &mut dyn Read, n: u64) -> io::Result<()> {
     let copied = io::copy(&mut input.take(n), &mut io::sink())?;
     if copied != n {
-        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "record truncated"));
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "record truncated",
+        ));
     }
     Ok(())
 }
@@ -167,7 +181,10 @@ fn read_varint(input: &mut dyn Read) -> io::Result<i64> {
             return Ok(((value >> 1) as i64) ^ -((value & 1) as i64));
         }
     }
-    Err(io::Error::new(io::ErrorKind::InvalidData, "varint longer than 10 bytes"))
+    Err(io::Error::new(
+        io::ErrorKind::InvalidData,
+        "varint longer than 10 bytes",
+    ))
 }
 
 /// Largest decompressed snappy batch accepted (bounds memory on a hostile length prefix).
@@ -193,7 +210,11 @@ fn snappy_decompress(body: &[u8]) -> io::Result<Vec<u8>> {
     let mut rest = body.get(16..).ok_or_else(|| err("short xerial header"))?;
     let mut out = Vec::new();
     while !rest.is_empty() {
-        let len_bytes: [u8; 4] = rest.get(..4).ok_or_else(|| err("short block length"))?.try_into().expect("4 bytes");
+        let len_bytes: [u8; 4] = rest
+            .get(..4)
+            .ok_or_else(|| err("short block length"))?
+            .try_into()
+            .expect("4 bytes");
         let len = u32::from_be_bytes(len_bytes) as usize;
         let block = rest.get(4..4 + len).ok_or_else(|| err("truncated block"))?;
         out.extend(raw_block(block)?);

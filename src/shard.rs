@@ -16,7 +16,7 @@ use std::time::Duration;
 use futures::channel::oneshot;
 use futures::future::LocalBoxFuture;
 use futures::FutureExt;
-use glommio::channels::channel_mesh::{MeshBuilder, Full, Senders};
+use glommio::channels::channel_mesh::{Full, MeshBuilder, Senders};
 use glommio::sync::Semaphore;
 
 use crate::config::BrokerConfig;
@@ -77,8 +77,14 @@ impl Shard {
     }
 
     /// The shard that owns `tp`, or UNKNOWN_TOPIC_OR_PARTITION.
-    pub fn owner_of(&self, image: &MetadataImage, tp: &TopicPartition) -> Result<ShardId, BrokerError> {
-        let topic = image.topic(&tp.topic).ok_or(BrokerError::UnknownTopicOrPartition)?;
+    pub fn owner_of(
+        &self,
+        image: &MetadataImage,
+        tp: &TopicPartition,
+    ) -> Result<ShardId, BrokerError> {
+        let topic = image
+            .topic(&tp.topic)
+            .ok_or(BrokerError::UnknownTopicOrPartition)?;
         if tp.partition < 0 || tp.partition >= topic.partitions {
             return Err(BrokerError::UnknownTopicOrPartition);
         }
@@ -104,17 +110,26 @@ impl Shard {
             .detach();
         });
         if self.senders.send_to(target.0, job).await.is_err() {
-            panic!("shard {} cannot reach shard {}: mesh closed", self.id.0, target.0);
+            panic!(
+                "shard {} cannot reach shard {}: mesh closed",
+                self.id.0, target.0
+            );
         }
         rx.await.expect("target shard dropped a job")
     }
 
     /// Runs `f` on the partition's owner with the partition, or fails with
     /// UNKNOWN_TOPIC_OR_PARTITION.
-    pub async fn on_partition<T, F>(self: &Rc<Self>, tp: TopicPartition, f: F) -> Result<T, BrokerError>
+    pub async fn on_partition<T, F>(
+        self: &Rc<Self>,
+        tp: TopicPartition,
+        f: F,
+    ) -> Result<T, BrokerError>
     where
         T: Send + 'static,
-        F: FnOnce(Rc<Partition>) -> LocalBoxFuture<'static, Result<T, BrokerError>> + Send + 'static,
+        F: FnOnce(Rc<Partition>) -> LocalBoxFuture<'static, Result<T, BrokerError>>
+            + Send
+            + 'static,
     {
         let image = self.image();
         let owner = self.owner_of(&image, &tp)?;
@@ -148,7 +163,10 @@ impl Shard {
 
     /// Controller only: mutable access to the cluster state.
     pub fn with_controller<T>(&self, f: impl FnOnce(&mut Controller) -> T) -> T {
-        let controller = self.controller.as_ref().expect("controller lives on shard 0");
+        let controller = self
+            .controller
+            .as_ref()
+            .expect("controller lives on shard 0");
         f(&mut controller.borrow_mut())
     }
 
@@ -218,7 +236,16 @@ impl Shard {
             }
         }
         for (tp, id, settings) in to_open {
-            match Partition::open(&self.config.log_dir, &tp.topic, id, tp.partition, settings, now).await {
+            match Partition::open(
+                &self.config.log_dir,
+                &tp.topic,
+                id,
+                tp.partition,
+                settings,
+                now,
+            )
+            .await
+            {
                 Ok(p) => {
                     self.partitions.borrow_mut().insert(tp, p);
                 }
@@ -246,12 +273,19 @@ impl Shard {
     /// Applies retention to this shard's partitions every `log.retention.check.interval.ms`.
     async fn retention_loop(self: Rc<Self>) {
         loop {
-            glommio::timer::sleep(Duration::from_millis(self.config.retention_check_interval_ms)).await;
+            glommio::timer::sleep(Duration::from_millis(
+                self.config.retention_check_interval_ms,
+            ))
+            .await;
             let parts: Vec<Rc<Partition>> = self.partitions.borrow().values().cloned().collect();
             let now = now_ms();
             for p in parts {
                 let s = p.settings();
-                if let Err(e) = p.log.apply_retention(now, s.retention_ms, s.retention_bytes).await {
+                if let Err(e) = p
+                    .log
+                    .apply_retention(now, s.retention_ms, s.retention_bytes)
+                    .await
+                {
                     tracing::warn!(topic = %p.topic, partition = p.index, error = %e, "retention failed");
                 }
             }
@@ -294,23 +328,30 @@ pub fn run(config: BrokerConfig, cores: usize) -> anyhow::Result<()> {
 /// On SIGTERM or SIGINT: ask every shard to close its logs (flush, write indexes), wait for
 /// them, and exit. A second signal, or a timeout, exits at once; recovery handles the rest.
 fn spawn_signal_thread(cores: usize) -> anyhow::Result<()> {
-    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT])?;
-    std::thread::Builder::new().name("ferrolog-signals".into()).spawn(move || {
-        if let Some(sig) = signals.forever().next() {
-            tracing::info!(signal = sig, "shutting down: closing partition logs");
-            SHUTDOWN.store(true, Ordering::SeqCst);
-            let deadline = std::time::Instant::now() + SHUTDOWN_TIMEOUT;
-            while SHARDS_CLOSED.load(Ordering::SeqCst) < cores && std::time::Instant::now() < deadline {
-                if signals.pending().next().is_some() {
-                    break;
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ])?;
+    std::thread::Builder::new()
+        .name("ferrolog-signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                tracing::info!(signal = sig, "shutting down: closing partition logs");
+                SHUTDOWN.store(true, Ordering::SeqCst);
+                let deadline = std::time::Instant::now() + SHUTDOWN_TIMEOUT;
+                while SHARDS_CLOSED.load(Ordering::SeqCst) < cores
+                    && std::time::Instant::now() < deadline
+                {
+                    if signals.pending().next().is_some() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(SHUTDOWN_POLL_MS));
                 }
-                std::thread::sleep(Duration::from_millis(SHUTDOWN_POLL_MS));
+                let clean = SHARDS_CLOSED.load(Ordering::SeqCst) >= cores;
+                tracing::info!(clean, "stopped");
+                std::process::exit(if clean { 0 } else { 1 });
             }
-            let clean = SHARDS_CLOSED.load(Ordering::SeqCst) >= cores;
-            tracing::info!(clean, "stopped");
-            std::process::exit(if clean { 0 } else { 1 });
-        }
-    })?;
+        })?;
     Ok(())
 }
 
@@ -327,7 +368,10 @@ async fn shard_main(
     mesh: MeshBuilder<Job, Full>,
     controller_slot: Arc<std::sync::Mutex<Option<Controller>>>,
 ) -> anyhow::Result<()> {
-    let (senders, mut receivers) = mesh.join().await.map_err(|_| anyhow::anyhow!("mesh join failed"))?;
+    let (senders, mut receivers) = mesh
+        .join()
+        .await
+        .map_err(|_| anyhow::anyhow!("mesh join failed"))?;
     let id = ShardId(senders.peer_id());
     let count = senders.nr_consumers();
     let controller = if id.0 == 0 {
@@ -335,7 +379,11 @@ async fn shard_main(
     } else {
         None
     };
-    assert_eq!(controller.is_some(), id.0 == 0, "the controller lives on shard 0");
+    assert_eq!(
+        controller.is_some(),
+        id.0 == 0,
+        "the controller lives on shard 0"
+    );
     let (ready_tx, ready_rx) = oneshot::channel();
     let shard = Rc::new(Shard {
         id,
@@ -366,9 +414,14 @@ async fn shard_main(
         .detach();
     }
     if id.0 == 0 {
-        shard.commit_metadata().await.map_err(|e| anyhow::anyhow!("publishing metadata: {e}"))?;
+        shard
+            .commit_metadata()
+            .await
+            .map_err(|e| anyhow::anyhow!("publishing metadata: {e}"))?;
     }
-    ready_rx.await.map_err(|_| anyhow::anyhow!("no metadata image arrived"))?;
+    ready_rx
+        .await
+        .map_err(|_| anyhow::anyhow!("no metadata image arrived"))?;
     glommio::spawn_local(shard.clone().retention_loop()).detach();
     glommio::spawn_local(shutdown_watch(shard.clone())).detach();
     crate::kafka::server::serve(shard).await

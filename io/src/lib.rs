@@ -47,10 +47,19 @@ impl Default for LogConfig {
 impl LogConfig {
     /// Bugs, not user errors: the broker validates configs before they get here.
     fn validate(&self) {
-        assert!(self.segment_bytes >= 14, "segment.bytes below Kafka's minimum");
-        assert!(self.segment_bytes <= i32::MAX as u64, "segment.bytes above i32::MAX");
+        assert!(
+            self.segment_bytes >= 14,
+            "segment.bytes below Kafka's minimum"
+        );
+        assert!(
+            self.segment_bytes <= i32::MAX as u64,
+            "segment.bytes above i32::MAX"
+        );
         assert!(self.segment_ms >= 1, "segment.ms must be positive");
-        assert!(self.preallocate_bytes >= 4096, "preallocation step below one page");
+        assert!(
+            self.preallocate_bytes >= 4096,
+            "preallocation step below one page"
+        );
     }
 }
 

@@ -18,7 +18,7 @@ use std::rc::Rc;
 
 use bytes::{Bytes, BytesMut};
 use futures::channel::oneshot;
-use glommio::io::{BufferedFile, DmaFile, Directory};
+use glommio::io::{BufferedFile, Directory, DmaFile};
 
 use crate::batch::{self, BatchHeader, HEADER_BYTES};
 use crate::segment::Segment;
@@ -160,7 +160,12 @@ impl Log {
 
     /// Base offset of the segment that takes appends.
     pub fn active_base_offset(&self) -> i64 {
-        self.state.borrow().segments.last().expect("active segment").base_offset
+        self.state
+            .borrow()
+            .segments
+            .last()
+            .expect("active segment")
+            .base_offset
     }
 
     pub fn start_offset(&self) -> i64 {
@@ -212,7 +217,11 @@ impl Log {
             let base_offset = st.end;
             batch::set_offset_and_epoch(&mut batch_bytes, base_offset, leader_epoch);
             let header = BatchHeader::parse(&batch_bytes).map_err(LogError::InvalidBatch)?;
-            assert_eq!(header.total_bytes(), batch_bytes.len(), "append of a partial batch");
+            assert_eq!(
+                header.total_bytes(),
+                batch_bytes.len(),
+                "append of a partial batch"
+            );
             let total = batch_bytes.len() as u64;
             let needs_roll = {
                 let active = st.segments.last().expect("active segment");
@@ -266,7 +275,10 @@ impl Log {
     }
 
     /// Resolves once every offset below `end_offset` is fsynced, or with the storage error.
-    pub fn wait_durable(&self, end_offset: i64) -> impl std::future::Future<Output = Result<(), LogError>> {
+    pub fn wait_durable(
+        &self,
+        end_offset: i64,
+    ) -> impl std::future::Future<Output = Result<(), LogError>> {
         let rx = {
             let mut st = self.state.borrow_mut();
             let (tx, rx) = oneshot::channel();
@@ -279,10 +291,7 @@ impl Log {
             }
             rx
         };
-        async move {
-            rx.await
-                .unwrap_or_else(|_| Err(LogError::Closed))
-        }
+        async move { rx.await.unwrap_or(Err(LogError::Closed)) }
     }
 
     /// Resolves the next time the durable offset moves (or the log fails or closes).
@@ -395,7 +404,9 @@ impl Log {
                 let dir = Directory::open(&self.dir)
                     .await
                     .map_err(|e| io_error("opening", &self.dir, e))?;
-                dir.sync().await.map_err(|e| io_error("syncing", &self.dir, e))?;
+                dir.sync()
+                    .await
+                    .map_err(|e| io_error("syncing", &self.dir, e))?;
                 let _ = dir.close().await;
                 let reader = open_reader(&path).await?;
                 let mut st = self.state.borrow_mut();
@@ -430,10 +441,17 @@ impl Log {
         let aligned_start = synced / ALIGN * ALIGN;
         let head = {
             let st = self.state.borrow();
-            find_segment(&st.segments, base).expect("segment exists").tail.clone()
+            find_segment(&st.segments, base)
+                .expect("segment exists")
+                .tail
+                .clone()
         };
         let head_len = head.len();
-        assert_eq!(head_len as u64, synced - aligned_start, "tail page copy out of step");
+        assert_eq!(
+            head_len as u64,
+            synced - aligned_start,
+            "tail page copy out of step"
+        );
         let mut source = ChunkCursor::new(&head, chunks);
         let mut pos = aligned_start;
         let total = head_len + added;
@@ -503,17 +521,32 @@ impl Log {
                         )
                     })
             };
-            let Some((file, size, index, time_index, index_path, time_path, log_path)) = next else {
+            let Some((file, size, index, time_index, index_path, time_path, log_path)) = next
+            else {
                 return Ok(());
             };
-            finish_segment_files(&file, size, index, time_index, &index_path, &time_path, &log_path).await?;
+            finish_segment_files(
+                &file,
+                size,
+                index,
+                time_index,
+                &index_path,
+                &time_path,
+                &log_path,
+            )
+            .await?;
         }
     }
 
     /// Reads whole batches starting with the one that contains `offset`, at most `max_bytes`
     /// (but always the first batch whole, KIP-74), never at or past `limit_offset` nor past
     /// the durable offset. Empty when there is nothing to read.
-    pub async fn read(&self, offset: i64, max_bytes: usize, limit_offset: i64) -> Result<Bytes, LogError> {
+    pub async fn read(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+        limit_offset: i64,
+    ) -> Result<Bytes, LogError> {
         let (limit, from_cache, disk_plan) = {
             let st = self.state.borrow();
             if offset < st.log_start || offset > st.end {
@@ -528,7 +561,11 @@ impl Log {
                 return Ok(Bytes::new());
             }
             if st.cache.front().is_some_and(|(base, _, _)| *base <= offset) {
-                (limit, Some(collect_cached(&st.cache, offset, max_bytes, limit)), Vec::new())
+                (
+                    limit,
+                    Some(collect_cached(&st.cache, offset, max_bytes, limit)),
+                    Vec::new(),
+                )
             } else {
                 (limit, None, plan_disk_read(&st.segments, offset))
             }
@@ -537,7 +574,8 @@ impl Log {
             return Ok(bytes);
         }
         for (file, start_pos, end_pos, seg_offset) in disk_plan {
-            let bytes = read_from_segment(&file, start_pos, end_pos, seg_offset, max_bytes, limit).await?;
+            let bytes =
+                read_from_segment(&file, start_pos, end_pos, seg_offset, max_bytes, limit).await?;
             if !bytes.is_empty() {
                 return Ok(bytes);
             }
@@ -546,14 +584,19 @@ impl Log {
     }
 
     /// The first batch, at or after `log_start`, whose largest timestamp is >= `timestamp`.
-    pub async fn find_batch_by_timestamp(&self, timestamp: i64, limit_offset: i64) -> Result<Option<Bytes>, LogError> {
+    pub async fn find_batch_by_timestamp(
+        &self,
+        timestamp: i64,
+        limit_offset: i64,
+    ) -> Result<Option<Bytes>, LogError> {
         let start = {
             let st = self.state.borrow();
             let limit = limit_offset.min(st.durable);
-            let segment = st
-                .segments
-                .iter()
-                .find(|s| s.max_timestamp >= timestamp && s.next_offset > st.log_start && s.base_offset < limit);
+            let segment = st.segments.iter().find(|s| {
+                s.max_timestamp >= timestamp
+                    && s.next_offset > st.log_start
+                    && s.base_offset < limit
+            });
             match segment {
                 None => return Ok(None),
                 Some(s) => s.offset_for_timestamp(timestamp).max(st.log_start),
@@ -594,24 +637,36 @@ impl Log {
             st.log_start = st.log_start.max(new_start);
             st.log_start
         };
-        write_file(&self.dir.join(LOG_START_FILE), start.to_string().into_bytes()).await?;
+        write_file(
+            &self.dir.join(LOG_START_FILE),
+            start.to_string().into_bytes(),
+        )
+        .await?;
         self.delete_segments_below(start).await?;
         Ok(start)
     }
 
     /// Applies `retention.ms` and `retention.bytes`: deletes the oldest closed, fully durable
     /// segments that are past either limit, and moves the log start past them.
-    pub async fn apply_retention(&self, now_ms: i64, retention_ms: i64, retention_bytes: i64) -> Result<usize, LogError> {
+    pub async fn apply_retention(
+        &self,
+        now_ms: i64,
+        retention_ms: i64,
+        retention_bytes: i64,
+    ) -> Result<usize, LogError> {
         let new_start = {
             let st = self.state.borrow();
             let mut total: i64 = st.segments.iter().map(|s| s.size as i64).sum();
             let mut new_start = None;
             for seg in &st.segments {
-                let deletable = seg.closed && seg.synced == seg.size && seg.next_offset <= st.durable;
+                let deletable =
+                    seg.closed && seg.synced == seg.size && seg.next_offset <= st.durable;
                 if !deletable {
                     break;
                 }
-                let too_old = retention_ms >= 0 && seg.max_timestamp >= 0 && now_ms - seg.max_timestamp > retention_ms;
+                let too_old = retention_ms >= 0
+                    && seg.max_timestamp >= 0
+                    && now_ms - seg.max_timestamp > retention_ms;
                 let too_big = retention_bytes >= 0 && total - seg.size as i64 >= retention_bytes;
                 if !(too_old || too_big) {
                     break;
@@ -678,7 +733,16 @@ impl Log {
         };
         if let Some(file) = file {
             let log_path = index_path.with_extension("log");
-            finish_segment_files(&file, size, index, time_index, &index_path, &time_path, &log_path).await?;
+            finish_segment_files(
+                &file,
+                size,
+                index,
+                time_index,
+                &index_path,
+                &time_path,
+                &log_path,
+            )
+            .await?;
         }
         Ok(())
     }
@@ -713,7 +777,12 @@ fn find_segment_mut(segments: &mut [Segment], base: i64) -> Option<&mut Segment>
     segments.iter_mut().rev().find(|s| s.base_offset == base)
 }
 
-fn collect_cached(cache: &VecDeque<(i64, i64, Bytes)>, offset: i64, max_bytes: usize, limit: i64) -> Bytes {
+fn collect_cached(
+    cache: &VecDeque<(i64, i64, Bytes)>,
+    offset: i64,
+    max_bytes: usize,
+    limit: i64,
+) -> Bytes {
     let first = cache.partition_point(|(_, next, _)| *next <= offset);
     let mut parts: Vec<&Bytes> = Vec::new();
     let mut total = 0;
@@ -740,7 +809,9 @@ fn collect_cached(cache: &VecDeque<(i64, i64, Bytes)>, offset: i64, max_bytes: u
 /// For a read at `offset`: the segments to try in order, as (file, start position, durable
 /// end, offset to look for). Usually one; more when the offset falls in a gap.
 fn plan_disk_read(segments: &[Segment], offset: i64) -> Vec<(Rc<BufferedFile>, u64, u64, i64)> {
-    let i = segments.partition_point(|s| s.base_offset <= offset).saturating_sub(1);
+    let i = segments
+        .partition_point(|s| s.base_offset <= offset)
+        .saturating_sub(1);
     segments[i..]
         .iter()
         .filter_map(|s| {
@@ -812,7 +883,11 @@ impl<'a> ChunkCursor<'a> {
     fn new(head: &'a [u8], chunks: &'a [Pending]) -> Self {
         let mut parts = vec![head];
         parts.extend(chunks.iter().map(|c| &c.bytes[..]));
-        ChunkCursor { parts, part: 0, at: 0 }
+        ChunkCursor {
+            parts,
+            part: 0,
+            at: 0,
+        }
     }
 
     fn copy_to(&mut self, mut dst: &mut [u8]) {
@@ -865,7 +940,11 @@ pub async fn write_file(path: &Path, contents: Vec<u8>) -> Result<(), LogError> 
 /// Opens a segment's log file and restores its in-memory state. The last segment is scanned
 /// and CRC-checked batch by batch and cut at the first bad batch; closed segments load their
 /// index files when those fit, and are scanned otherwise.
-async fn recover_segment(seg: &mut Segment, last: bool, config: &LogConfig) -> Result<(), LogError> {
+async fn recover_segment(
+    seg: &mut Segment,
+    last: bool,
+    config: &LogConfig,
+) -> Result<(), LogError> {
     let path = seg.log_path();
     let file = glommio::io::OpenOptions::new()
         .read(true)
@@ -873,7 +952,10 @@ async fn recover_segment(seg: &mut Segment, last: bool, config: &LogConfig) -> R
         .dma_open(&path)
         .await
         .map_err(|e| io_error("opening", &path, e))?;
-    let file_size = file.file_size().await.map_err(|e| io_error("sizing", &path, e))?;
+    let file_size = file
+        .file_size()
+        .await
+        .map_err(|e| io_error("sizing", &path, e))?;
     let reader = open_reader(&path).await?;
     let mut scan_from = 0u64;
     if !last {
@@ -902,7 +984,10 @@ async fn recover_segment(seg: &mut Segment, last: bool, config: &LogConfig) -> R
         if in_buf + HEADER_BYTES > buf.len() {
             buf_start = pos;
             let n = SCAN_CHUNK_BYTES.min((file_size - pos) as usize);
-            let r = reader.read_at(pos, n).await.map_err(|e| io_error("reading", &path, e))?;
+            let r = reader
+                .read_at(pos, n)
+                .await
+                .map_err(|e| io_error("reading", &path, e))?;
             buf = r.to_vec();
             if buf.len() < HEADER_BYTES {
                 cut = Some(format!("{} trailing bytes", buf.len()));
@@ -923,12 +1008,18 @@ async fn recover_segment(seg: &mut Segment, last: bool, config: &LogConfig) -> R
             break;
         }
         if header.base_offset < seg.next_offset {
-            cut = Some(format!("batch at {pos} has offset {} below {}", header.base_offset, seg.next_offset));
+            cut = Some(format!(
+                "batch at {pos} has offset {} below {}",
+                header.base_offset, seg.next_offset
+            ));
             break;
         }
         if last {
             if in_buf + total > buf.len() {
-                let r = reader.read_at(pos, total).await.map_err(|e| io_error("reading", &path, e))?;
+                let r = reader
+                    .read_at(pos, total)
+                    .await
+                    .map_err(|e| io_error("reading", &path, e))?;
                 buf = r.to_vec();
                 buf_start = pos;
             }
@@ -956,7 +1047,9 @@ async fn recover_segment(seg: &mut Segment, last: bool, config: &LogConfig) -> R
             )));
         }
         if pos < file_size {
-            let zeros_only = buf.get((pos - buf_start) as usize..).is_some_and(|b| b.iter().all(|&x| x == 0));
+            let zeros_only = buf
+                .get((pos - buf_start) as usize..)
+                .is_some_and(|b| b.iter().all(|&x| x == 0));
             if zeros_only {
                 tracing::debug!(path = %path.display(), pos, "dropping zero padding after the last batch");
             } else {
@@ -966,8 +1059,12 @@ async fn recover_segment(seg: &mut Segment, last: bool, config: &LogConfig) -> R
         }
     }
     if pos < file_size {
-        file.truncate(pos).await.map_err(|e| io_error("truncating", &path, e))?;
-        file.fdatasync().await.map_err(|e| io_error("syncing", &path, e))?;
+        file.truncate(pos)
+            .await
+            .map_err(|e| io_error("truncating", &path, e))?;
+        file.fdatasync()
+            .await
+            .map_err(|e| io_error("syncing", &path, e))?;
     }
     seg.size = pos;
     seg.synced = pos;
@@ -993,7 +1090,7 @@ mod tests {
 
     fn run<F: std::future::Future<Output = ()> + 'static>(f: impl FnOnce() -> F + Send + 'static) {
         glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-            .spawn(move || f())
+            .spawn(f)
             .expect("executor")
             .join()
             .expect("test body");
@@ -1056,7 +1153,11 @@ mod tests {
             // A read in the middle of a batch returns that whole batch.
             let b = log.read(51, 1, i64::MAX).await.unwrap();
             assert_eq!(BatchHeader::parse(&b).unwrap().base_offset, 50);
-            let ts = log.find_batch_by_timestamp(1040, i64::MAX).await.unwrap().unwrap();
+            let ts = log
+                .find_batch_by_timestamp(1040, i64::MAX)
+                .await
+                .unwrap()
+                .unwrap();
             assert_eq!(BatchHeader::parse(&ts).unwrap().base_offset, 80);
             log.close().await.unwrap();
             drop(log);
@@ -1064,7 +1165,11 @@ mod tests {
             assert_eq!(log.end_offset(), 200);
             assert_eq!(read_all(&log, 0).await.len(), 100);
             assert_eq!(log.max_timestamp(), Some((1099, 198)));
-            let ts = log.find_batch_by_timestamp(1040, i64::MAX).await.unwrap().unwrap();
+            let ts = log
+                .find_batch_by_timestamp(1040, i64::MAX)
+                .await
+                .unwrap()
+                .unwrap();
             assert_eq!(BatchHeader::parse(&ts).unwrap().base_offset, 80);
             append_n(&log, 1, 5000).await;
             assert_eq!(read_all(&log, 190).await.len(), 6);
@@ -1080,7 +1185,8 @@ mod tests {
             log.close().await.unwrap();
             drop(log);
             // Damage the last batch of the last segment and delete a closed segment's index.
-            let mut logs: Vec<_> = std::fs::read_dir(&dir).unwrap()
+            let mut logs: Vec<_> = std::fs::read_dir(&dir)
+                .unwrap()
                 .map(|e| e.unwrap().path())
                 .filter(|p| p.extension().is_some_and(|x| x == "log"))
                 .collect();
@@ -1111,7 +1217,10 @@ mod tests {
             assert!(log.size_bytes() >= 15_000 - 10_000);
             let start = log.start_offset();
             assert!(start > 0);
-            assert!(matches!(log.read(0, 100, i64::MAX).await, Err(LogError::OffsetOutOfRange { .. })));
+            assert!(matches!(
+                log.read(0, 100, i64::MAX).await,
+                Err(LogError::OffsetOutOfRange { .. })
+            ));
             assert_eq!(log.advance_start(start + 3).await.unwrap(), start + 3);
             drop(log);
             let log = Log::open(&dir, small(), 0).await.unwrap();

@@ -92,7 +92,10 @@ impl Segment {
 
     /// Records a batch appended at byte `position`, updating both sparse indexes.
     pub fn track_batch(&mut self, header: &BatchHeader, position: u64, interval_bytes: u32) {
-        assert!(header.base_offset >= self.next_offset, "offsets go backwards");
+        assert!(
+            header.base_offset >= self.next_offset,
+            "offsets go backwards"
+        );
         assert!(position == self.size, "batch not at the segment end");
         let relative = u32::try_from(header.base_offset - self.base_offset)
             .expect("relative offset fits the index");
@@ -118,7 +121,9 @@ impl Segment {
     /// Byte position from which a scan for `offset` must start.
     pub fn position_for(&self, offset: i64) -> u64 {
         let relative = (offset - self.base_offset).max(0);
-        let i = self.index.partition_point(|&(rel, _)| i64::from(rel) <= relative);
+        let i = self
+            .index
+            .partition_point(|&(rel, _)| i64::from(rel) <= relative);
         if i == 0 {
             0
         } else {
@@ -188,7 +193,10 @@ impl Segment {
         for chunk in time_index.chunks_exact(12) {
             let ts = i64::from_be_bytes(chunk[0..8].try_into().expect("8 bytes"));
             let rel = u32::from_be_bytes(chunk[8..12].try_into().expect("4 bytes"));
-            if times.last().is_some_and(|&(prev, _): &(i64, u32)| ts <= prev) {
+            if times
+                .last()
+                .is_some_and(|&(prev, _): &(i64, u32)| ts <= prev)
+            {
                 return false;
             }
             times.push((ts, rel));

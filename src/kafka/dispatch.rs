@@ -6,7 +6,9 @@ use bytes::{Buf, Bytes, BytesMut};
 use futures::future::LocalBoxFuture;
 use futures::FutureExt;
 use kafka_protocol::messages::api_versions_response::ApiVersion;
-use kafka_protocol::messages::{ApiKey, ApiVersionsResponse, RequestHeader, RequestKind, ResponseHeader, ResponseKind};
+use kafka_protocol::messages::{
+    ApiKey, ApiVersionsResponse, RequestHeader, RequestKind, ResponseHeader, ResponseKind,
+};
 use kafka_protocol::protocol::{Decodable, Encodable};
 
 use crate::errors::BrokerError;
@@ -81,7 +83,11 @@ pub enum FrameError {
     #[error("{key:?} v{version} is not served")]
     UnsupportedVersion { key: ApiKey, version: i16 },
     #[error("{key:?} v{version} body does not decode: {error}")]
-    Body { key: ApiKey, version: i16, error: String },
+    Body {
+        key: ApiKey,
+        version: i16,
+        error: String,
+    },
 }
 
 fn api_versions_error_response(correlation_id: i32) -> Response {
@@ -111,7 +117,7 @@ pub enum Decoded {
         key: ApiKey,
         version: i16,
         header: RequestHeader,
-        body: RequestKind,
+        body: Box<RequestKind>,
     },
 }
 
@@ -119,7 +125,10 @@ pub enum Decoded {
 /// `Err` means the connection must close.
 pub fn decode(mut frame: Bytes) -> Result<Decoded, FrameError> {
     if frame.len() < 8 {
-        return Err(FrameError::Header(format!("frame of {} bytes", frame.len())));
+        return Err(FrameError::Header(format!(
+            "frame of {} bytes",
+            frame.len()
+        )));
     }
     let raw_key = (&frame[0..2]).get_i16();
     let version = (&frame[2..4]).get_i16();
@@ -145,7 +154,7 @@ pub fn decode(mut frame: Bytes) -> Result<Decoded, FrameError> {
         key,
         version,
         header,
-        body,
+        body: Box::new(body),
     })
 }
 
@@ -181,40 +190,57 @@ pub async fn start(
         version,
         body,
     };
-    let pending: LocalBoxFuture<'static, Option<Response>> = match body {
+    let pending: LocalBoxFuture<'static, Option<Response>> = match *body {
         RequestKind::Produce(req) => {
             let done = handlers::produce::start(ctx, req).await;
             async move { done.await.map(|r| respond(ResponseKind::Produce(r))) }.boxed_local()
         }
-        RequestKind::Fetch(req) => {
-            async move { Some(respond(ResponseKind::Fetch(handlers::fetch::handle(ctx, req).await))) }.boxed_local()
+        RequestKind::Fetch(req) => async move {
+            Some(respond(ResponseKind::Fetch(
+                handlers::fetch::handle(ctx, req).await,
+            )))
         }
+        .boxed_local(),
         RequestKind::ListOffsets(req) => async move {
-            Some(respond(ResponseKind::ListOffsets(handlers::list_offsets::handle(ctx, req).await)))
+            Some(respond(ResponseKind::ListOffsets(
+                handlers::list_offsets::handle(ctx, req).await,
+            )))
         }
         .boxed_local(),
         RequestKind::Metadata(req) => async move {
-            Some(respond(ResponseKind::Metadata(handlers::metadata::handle(ctx, req).await)))
+            Some(respond(ResponseKind::Metadata(
+                handlers::metadata::handle(ctx, req).await,
+            )))
         }
         .boxed_local(),
         RequestKind::ApiVersions(req) => async move {
-            Some(respond(ResponseKind::ApiVersions(handlers::api_versions::handle(ctx, req))))
+            Some(respond(ResponseKind::ApiVersions(
+                handlers::api_versions::handle(ctx, req),
+            )))
         }
         .boxed_local(),
         RequestKind::CreateTopics(req) => async move {
-            Some(respond(ResponseKind::CreateTopics(handlers::create_topics::handle(ctx, req).await)))
+            Some(respond(ResponseKind::CreateTopics(
+                handlers::create_topics::handle(ctx, req).await,
+            )))
         }
         .boxed_local(),
         RequestKind::DeleteTopics(req) => async move {
-            Some(respond(ResponseKind::DeleteTopics(handlers::delete_topics::handle(ctx, req).await)))
+            Some(respond(ResponseKind::DeleteTopics(
+                handlers::delete_topics::handle(ctx, req).await,
+            )))
         }
         .boxed_local(),
         RequestKind::DeleteRecords(req) => async move {
-            Some(respond(ResponseKind::DeleteRecords(handlers::delete_records::handle(ctx, req).await)))
+            Some(respond(ResponseKind::DeleteRecords(
+                handlers::delete_records::handle(ctx, req).await,
+            )))
         }
         .boxed_local(),
         RequestKind::InitProducerId(req) => async move {
-            Some(respond(ResponseKind::InitProducerId(handlers::init_producer_id::handle(ctx, req).await)))
+            Some(respond(ResponseKind::InitProducerId(
+                handlers::init_producer_id::handle(ctx, req).await,
+            )))
         }
         .boxed_local(),
         RequestKind::OffsetForLeaderEpoch(req) => async move {
@@ -224,11 +250,15 @@ pub async fn start(
         }
         .boxed_local(),
         RequestKind::DescribeConfigs(req) => async move {
-            Some(respond(ResponseKind::DescribeConfigs(handlers::describe_configs::handle(ctx, req))))
+            Some(respond(ResponseKind::DescribeConfigs(
+                handlers::describe_configs::handle(ctx, req),
+            )))
         }
         .boxed_local(),
         RequestKind::AlterConfigs(req) => async move {
-            Some(respond(ResponseKind::AlterConfigs(handlers::alter_configs::handle(ctx, req).await)))
+            Some(respond(ResponseKind::AlterConfigs(
+                handlers::alter_configs::handle(ctx, req).await,
+            )))
         }
         .boxed_local(),
         RequestKind::IncrementalAlterConfigs(req) => async move {
@@ -244,7 +274,9 @@ pub async fn start(
         }
         .boxed_local(),
         RequestKind::DescribeCluster(req) => async move {
-            Some(respond(ResponseKind::DescribeCluster(handlers::describe_cluster::handle(ctx, req))))
+            Some(respond(ResponseKind::DescribeCluster(
+                handlers::describe_cluster::handle(ctx, req),
+            )))
         }
         .boxed_local(),
         other => {
@@ -294,7 +326,10 @@ mod tests {
             let h = handler(*key).unwrap_or_else(|| panic!("{key:?} missing"));
             assert_eq!((h.advertised_min, h.max), (*min, *max), "{key:?}");
             let decodable = key.valid_versions();
-            assert!(h.min >= decodable.min && h.max <= decodable.max, "{key:?} decodable");
+            assert!(
+                h.min >= decodable.min && h.max <= decodable.max,
+                "{key:?} decodable"
+            );
         }
     }
 }

@@ -46,7 +46,9 @@ struct InFlight {
 }
 
 async fn connection(shard: Rc<Shard>, stream: TcpStream) -> anyhow::Result<()> {
-    stream.set_nodelay(true).map_err(|e| anyhow::anyhow!("set_nodelay: {e}"))?;
+    stream
+        .set_nodelay(true)
+        .map_err(|e| anyhow::anyhow!("set_nodelay: {e}"))?;
     let connection_id = shard.next_connection_id();
     let (mut reader, mut writer) = stream.split();
     let (tx, rx) = local_channel::new_bounded::<InFlight>(IN_FLIGHT_MAX);
@@ -79,7 +81,11 @@ async fn connection(shard: Rc<Shard>, stream: TcpStream) -> anyhow::Result<()> {
             }
             let size = i32::from_be_bytes(size_buf);
             if size < 0 || size as usize > max {
-                tracing::warn!(size, max, "request frame larger than socket.request.max.bytes; closing connection");
+                tracing::warn!(
+                    size,
+                    max,
+                    "request frame larger than socket.request.max.bytes; closing connection"
+                );
                 return Ok(());
             }
             let permit = shard
@@ -96,7 +102,14 @@ async fn connection(shard: Rc<Shard>, stream: TcpStream) -> anyhow::Result<()> {
                     return Ok(());
                 }
             };
-            if tx.send(InFlight { response, _memory: permit }).await.is_err() {
+            if tx
+                .send(InFlight {
+                    response,
+                    _memory: permit,
+                })
+                .await
+                .is_err()
+            {
                 return Ok(());
             }
         }

@@ -29,7 +29,8 @@ pub struct TopicSpec {
 /// Checks topic config overrides against the table of Kafka's topic configs.
 pub fn validate_configs(configs: &BTreeMap<String, String>) -> Result<(), BrokerError> {
     for (k, v) in configs {
-        let def = topic_config_def(k).ok_or_else(|| BrokerError::InvalidConfig(format!("Unknown topic config name: {k}")))?;
+        let def = topic_config_def(k)
+            .ok_or_else(|| BrokerError::InvalidConfig(format!("Unknown topic config name: {k}")))?;
         validate_value(def, v).map_err(BrokerError::InvalidConfig)?;
     }
     Ok(())
@@ -108,12 +109,18 @@ pub async fn create_topics(
 }
 
 /// Deletes topics by name; returns per topic its id.
-pub async fn delete_topics(shard: &Rc<Shard>, names: Vec<String>) -> Vec<Result<Uuid, BrokerError>> {
+pub async fn delete_topics(
+    shard: &Rc<Shard>,
+    names: Vec<String>,
+) -> Vec<Result<Uuid, BrokerError>> {
     shard
         .on_controller(move |shard| {
             async move {
                 if !shard.config.delete_topic_enable {
-                    return names.iter().map(|_| Err(BrokerError::TopicDeletionDisabled)).collect();
+                    return names
+                        .iter()
+                        .map(|_| Err(BrokerError::TopicDeletionDisabled))
+                        .collect();
                 }
                 let mut results = Vec::with_capacity(names.len());
                 for name in &names {
@@ -141,7 +148,12 @@ pub async fn delete_topics(shard: &Rc<Shard>, names: Vec<String>) -> Vec<Result<
 }
 
 /// Raises a topic's partition count.
-pub async fn create_partitions(shard: &Rc<Shard>, name: String, count: i32, validate_only: bool) -> Result<(), BrokerError> {
+pub async fn create_partitions(
+    shard: &Rc<Shard>,
+    name: String,
+    count: i32,
+    validate_only: bool,
+) -> Result<(), BrokerError> {
     shard
         .on_controller(move |shard| {
             async move {
@@ -177,18 +189,24 @@ pub async fn create_partitions(shard: &Rc<Shard>, name: String, count: i32, vali
         .await
 }
 
+/// A change to a topic's config overrides, run on the controller.
+pub type ConfigEdit =
+    Box<dyn FnOnce(&mut BTreeMap<String, String>) -> Result<(), BrokerError> + Send>;
+
 /// Replaces (`AlterConfigs`) or edits (`IncrementalAlterConfigs`) a topic's overrides.
 pub async fn alter_topic_configs(
     shard: &Rc<Shard>,
     name: String,
-    edit: Box<dyn FnOnce(&mut BTreeMap<String, String>) -> Result<(), BrokerError> + Send>,
+    edit: ConfigEdit,
     validate_only: bool,
 ) -> Result<(), BrokerError> {
     shard
         .on_controller(move |shard| {
             async move {
                 shard.with_controller(|c| {
-                    let t = c.topic_mut(&name).ok_or(BrokerError::UnknownTopicOrPartition)?;
+                    let t = c
+                        .topic_mut(&name)
+                        .ok_or(BrokerError::UnknownTopicOrPartition)?;
                     let mut configs = t.configs.clone();
                     edit(&mut configs)?;
                     validate_configs(&configs)?;

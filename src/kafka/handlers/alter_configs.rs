@@ -25,7 +25,12 @@ pub async fn handle(ctx: Rc<RequestContext>, req: AlterConfigsRequest) -> AlterC
                         Some(v) => {
                             configs.insert(c.name.to_string(), v.to_string());
                         }
-                        None => error = Some(BrokerError::InvalidConfig(format!("Null value not supported for {}", c.name.as_str()))),
+                        None => {
+                            error = Some(BrokerError::InvalidConfig(format!(
+                                "Null value not supported for {}",
+                                c.name.as_str()
+                            )))
+                        }
                     }
                 }
                 match error {
@@ -35,19 +40,31 @@ pub async fn handle(ctx: Rc<RequestContext>, req: AlterConfigsRequest) -> AlterC
                             *current = configs;
                             Ok(())
                         });
-                        admin::alter_topic_configs(&ctx.shard, r.resource_name.to_string(), edit, req.validate_only).await
+                        admin::alter_topic_configs(
+                            &ctx.shard,
+                            r.resource_name.to_string(),
+                            edit,
+                            req.validate_only,
+                        )
+                        .await
                     }
                 }
             }
-            RESOURCE_BROKER => Err(BrokerError::InvalidRequest("Broker configs are static in ferrolog; set them in server.properties".into())),
-            other => Err(BrokerError::InvalidRequest(format!("Unsupported resource type {other}"))),
+            RESOURCE_BROKER => Err(BrokerError::InvalidRequest(
+                "Broker configs are static in ferrolog; set them in server.properties".into(),
+            )),
+            other => Err(BrokerError::InvalidRequest(format!(
+                "Unsupported resource type {other}"
+            ))),
         };
         let base = AlterConfigsResourceResponse::default()
             .with_resource_type(r.resource_type)
             .with_resource_name(r.resource_name);
         responses.push(match result {
             Ok(()) => base,
-            Err(e) => base.with_error_code(e.code()).with_error_message(Some(StrBytes::from_string(e.to_string()))),
+            Err(e) => base
+                .with_error_code(e.code())
+                .with_error_message(Some(StrBytes::from_string(e.to_string()))),
         });
     }
     AlterConfigsResponse::default().with_responses(responses)

@@ -9,10 +9,15 @@ use kafka_protocol::protocol::StrBytes;
 use crate::kafka::handlers::admin;
 use crate::kafka::RequestContext;
 
-pub async fn handle(ctx: Rc<RequestContext>, req: CreatePartitionsRequest) -> CreatePartitionsResponse {
+pub async fn handle(
+    ctx: Rc<RequestContext>,
+    req: CreatePartitionsRequest,
+) -> CreatePartitionsResponse {
     let mut results = Vec::with_capacity(req.topics.len());
     for t in req.topics {
-        let r = admin::create_partitions(&ctx.shard, t.name.0.to_string(), t.count, req.validate_only).await;
+        let r =
+            admin::create_partitions(&ctx.shard, t.name.0.to_string(), t.count, req.validate_only)
+                .await;
         let base = CreatePartitionsTopicResult::default().with_name(t.name);
         results.push(match r {
             Ok(()) => base,

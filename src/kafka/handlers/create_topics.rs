@@ -3,7 +3,9 @@
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
-use kafka_protocol::messages::create_topics_response::{CreatableTopicConfigs, CreatableTopicResult};
+use kafka_protocol::messages::create_topics_response::{
+    CreatableTopicConfigs, CreatableTopicResult,
+};
 use kafka_protocol::messages::{CreateTopicsRequest, CreateTopicsResponse};
 use kafka_protocol::protocol::StrBytes;
 
@@ -24,27 +26,52 @@ pub async fn handle(ctx: Rc<RequestContext>, req: CreateTopicsRequest) -> Create
                 Some(v) => {
                     configs.insert(c.name.to_string(), v.to_string());
                 }
-                None => error = Some(BrokerError::InvalidConfig(format!("Null value not supported for topic config {}", c.name.as_str()))),
+                None => {
+                    error = Some(BrokerError::InvalidConfig(format!(
+                        "Null value not supported for topic config {}",
+                        c.name.as_str()
+                    )))
+                }
             }
         }
         if !t.assignments.is_empty() {
             // Manual assignment: every replica must be this node.
             let node = ctx.shard.config.node_id;
-            if t.assignments.iter().any(|a| a.broker_ids.iter().any(|b| b.0 != node)) {
-                error = Some(BrokerError::InvalidReplicationFactor("Replica assignment names unknown brokers.".into()));
+            if t.assignments
+                .iter()
+                .any(|a| a.broker_ids.iter().any(|b| b.0 != node))
+            {
+                error = Some(BrokerError::InvalidReplicationFactor(
+                    "Replica assignment names unknown brokers.".into(),
+                ));
             }
         }
-        let partitions = if t.assignments.is_empty() { t.num_partitions } else { t.assignments.len() as i32 };
+        let partitions = if t.assignments.is_empty() {
+            t.num_partitions
+        } else {
+            t.assignments.len() as i32
+        };
         early.push(error);
         specs.push(TopicSpec {
             name: t.name.0.to_string(),
             partitions,
-            replication_factor: if t.assignments.is_empty() { t.replication_factor } else { 1 },
+            replication_factor: if t.assignments.is_empty() {
+                t.replication_factor
+            } else {
+                1
+            },
             configs,
         });
     }
-    let to_create: Vec<TopicSpec> = specs.iter().zip(&early).filter(|(_, e)| e.is_none()).map(|(s, _)| s.clone()).collect();
-    let mut created = admin::create_topics(&ctx.shard, to_create, req.validate_only).await.into_iter();
+    let to_create: Vec<TopicSpec> = specs
+        .iter()
+        .zip(&early)
+        .filter(|(_, e)| e.is_none())
+        .map(|(s, _)| s.clone())
+        .collect();
+    let mut created = admin::create_topics(&ctx.shard, to_create, req.validate_only)
+        .await
+        .into_iter();
     let defaults = &ctx.shard.config.topic_defaults;
     let results = specs
         .into_iter()
@@ -54,7 +81,9 @@ pub async fn handle(ctx: Rc<RequestContext>, req: CreateTopicsRequest) -> Create
                 Some(e) => Err(e),
                 None => created.next().expect("one result per topic"),
             };
-            let base = CreatableTopicResult::default().with_name(kafka_protocol::messages::TopicName(StrBytes::from_string(spec.name.clone())));
+            let base = CreatableTopicResult::default().with_name(
+                kafka_protocol::messages::TopicName(StrBytes::from_string(spec.name.clone())),
+            );
             match r {
                 Ok((id, partitions)) => {
                     let settings_configs: Vec<CreatableTopicConfigs> = if ctx.version >= 5 {

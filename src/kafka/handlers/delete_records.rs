@@ -3,7 +3,9 @@
 use std::rc::Rc;
 
 use futures::FutureExt;
-use kafka_protocol::messages::delete_records_response::{DeleteRecordsPartitionResult, DeleteRecordsTopicResult};
+use kafka_protocol::messages::delete_records_response::{
+    DeleteRecordsPartitionResult, DeleteRecordsTopicResult,
+};
 use kafka_protocol::messages::{DeleteRecordsRequest, DeleteRecordsResponse};
 
 use crate::errors::BrokerError;
@@ -25,22 +27,34 @@ pub async fn handle(ctx: Rc<RequestContext>, req: DeleteRecordsRequest) -> Delet
                 .on_partition(tp, move |part| {
                     async move {
                         // -1 means "up to the high watermark".
-                        let target = if offset == -1 { part.high_watermark() } else { offset };
+                        let target = if offset == -1 {
+                            part.high_watermark()
+                        } else {
+                            offset
+                        };
                         if target < 0 || target > part.high_watermark() {
                             return Err(BrokerError::OffsetOutOfRange);
                         }
-                        part.log.advance_start(target).await.map_err(BrokerError::from_log)
+                        part.log
+                            .advance_start(target)
+                            .await
+                            .map_err(BrokerError::from_log)
                     }
                     .boxed_local()
                 })
                 .await;
-            let base = DeleteRecordsPartitionResult::default().with_partition_index(p.partition_index);
+            let base =
+                DeleteRecordsPartitionResult::default().with_partition_index(p.partition_index);
             partitions.push(match r {
                 Ok(low) => base.with_low_watermark(low),
                 Err(e) => base.with_low_watermark(-1).with_error_code(e.code()),
             });
         }
-        topics.push(DeleteRecordsTopicResult::default().with_name(t.name).with_partitions(partitions));
+        topics.push(
+            DeleteRecordsTopicResult::default()
+                .with_name(t.name)
+                .with_partitions(partitions),
+        );
     }
     DeleteRecordsResponse::default().with_topics(topics)
 }

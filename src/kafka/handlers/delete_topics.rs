@@ -25,7 +25,11 @@ pub async fn handle(ctx: Rc<RequestContext>, req: DeleteTopicsRequest) -> Delete
         }
     } else {
         for n in &req.topic_names {
-            wanted.push((Some(n.0.to_string()), uuid::Uuid::nil(), Some(n.0.to_string())));
+            wanted.push((
+                Some(n.0.to_string()),
+                uuid::Uuid::nil(),
+                Some(n.0.to_string()),
+            ));
         }
     }
     let names: Vec<String> = wanted.iter().filter_map(|(_, _, r)| r.clone()).collect();
@@ -37,9 +41,11 @@ pub async fn handle(ctx: Rc<RequestContext>, req: DeleteTopicsRequest) -> Delete
                 Some(_) => results.next().expect("one result per name"),
                 None => Err(BrokerError::UnknownTopicId),
             };
-            let shown_name = name.or_else(|| None).map(|n| TopicName(StrBytes::from_string(n)));
+            let shown_name = name.map(|n| TopicName(StrBytes::from_string(n)));
             match r {
-                Ok(deleted_id) => DeletableTopicResult::default().with_name(shown_name).with_topic_id(deleted_id),
+                Ok(deleted_id) => DeletableTopicResult::default()
+                    .with_name(shown_name)
+                    .with_topic_id(deleted_id),
                 Err(e) => DeletableTopicResult::default()
                     .with_name(shown_name)
                     .with_topic_id(id)

@@ -11,7 +11,11 @@ use crate::kafka::RequestContext;
 pub fn handle(ctx: Rc<RequestContext>, req: DescribeClusterRequest) -> DescribeClusterResponse {
     let config = &ctx.shard.config;
     // endpoint_type 1 = brokers, 2 = controllers (KIP-919); this node is both.
-    let endpoint_type = if req.endpoint_type == 0 { 1 } else { req.endpoint_type };
+    let endpoint_type = if req.endpoint_type == 0 {
+        1
+    } else {
+        req.endpoint_type
+    };
     DescribeClusterResponse::default()
         .with_endpoint_type(endpoint_type)
         .with_cluster_id(StrBytes::from_string(ctx.shard.image().cluster_id.clone()))

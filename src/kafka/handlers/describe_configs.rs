@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
-use kafka_protocol::messages::describe_configs_response::{DescribeConfigsResourceResult, DescribeConfigsResult, DescribeConfigsSynonym};
+use kafka_protocol::messages::describe_configs_response::{
+    DescribeConfigsResourceResult, DescribeConfigsResult, DescribeConfigsSynonym,
+};
 use kafka_protocol::messages::{DescribeConfigsRequest, DescribeConfigsResponse};
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
@@ -32,11 +34,18 @@ pub struct Entry {
 }
 
 /// All topic configs of a topic with these overrides.
-pub fn topic_config_entries(config: &BrokerConfig, overrides: &BTreeMap<String, String>) -> Vec<Entry> {
+pub fn topic_config_entries(
+    config: &BrokerConfig,
+    overrides: &BTreeMap<String, String>,
+) -> Vec<Entry> {
     TOPIC_CONFIGS
         .iter()
         .map(|d| {
-            let broker_value = config.topic_defaults.get(d.name).cloned().unwrap_or_else(|| d.default.to_string());
+            let broker_value = config
+                .topic_defaults
+                .get(d.name)
+                .cloned()
+                .unwrap_or_else(|| d.default.to_string());
             let broker_set = broker_value != d.default;
             let mut synonyms = Vec::new();
             let (value, source) = match overrides.get(d.name) {
@@ -69,24 +78,59 @@ pub fn topic_config_entries(config: &BrokerConfig, overrides: &BTreeMap<String, 
 fn broker_entries(config: &BrokerConfig) -> Vec<Entry> {
     let mut out: Vec<(String, String, i8)> = vec![
         ("node.id".into(), config.node_id.to_string(), 3),
-        ("listeners".into(), format!("PLAINTEXT://{}", config.listen_addr), 2),
+        (
+            "listeners".into(),
+            format!("PLAINTEXT://{}", config.listen_addr),
+            2,
+        ),
         (
             "advertised.listeners".into(),
-            format!("PLAINTEXT://{}:{}", config.advertised_host, config.advertised_port),
+            format!(
+                "PLAINTEXT://{}:{}",
+                config.advertised_host, config.advertised_port
+            ),
             2,
         ),
         ("log.dirs".into(), config.log_dir.display().to_string(), 2),
-        ("num.partitions".into(), config.num_partitions.to_string(), 3),
-        ("default.replication.factor".into(), config.default_replication_factor.to_string(), 3),
-        ("auto.create.topics.enable".into(), config.auto_create_topics.to_string(), 1),
-        ("delete.topic.enable".into(), config.delete_topic_enable.to_string(), 1),
-        ("socket.request.max.bytes".into(), config.socket_request_max_bytes.to_string(), 3),
-        ("log.retention.check.interval.ms".into(), config.retention_check_interval_ms.to_string(), 5),
+        (
+            "num.partitions".into(),
+            config.num_partitions.to_string(),
+            3,
+        ),
+        (
+            "default.replication.factor".into(),
+            config.default_replication_factor.to_string(),
+            3,
+        ),
+        (
+            "auto.create.topics.enable".into(),
+            config.auto_create_topics.to_string(),
+            1,
+        ),
+        (
+            "delete.topic.enable".into(),
+            config.delete_topic_enable.to_string(),
+            1,
+        ),
+        (
+            "socket.request.max.bytes".into(),
+            config.socket_request_max_bytes.to_string(),
+            3,
+        ),
+        (
+            "log.retention.check.interval.ms".into(),
+            config.retention_check_interval_ms.to_string(),
+            5,
+        ),
     ];
     for d in TOPIC_CONFIGS {
         if let Some(key) = d.broker_key {
             if !out.iter().any(|(k, _, _)| k == key) {
-                let v = config.topic_defaults.get(d.name).cloned().unwrap_or_default();
+                let v = config
+                    .topic_defaults
+                    .get(d.name)
+                    .cloned()
+                    .unwrap_or_default();
                 out.push((key.to_string(), v, d.kind.describe_type()));
             }
         }
@@ -118,21 +162,37 @@ pub fn handle(ctx: Rc<RequestContext>, req: DescribeConfigsRequest) -> DescribeC
             let entries = match r.resource_type {
                 RESOURCE_TOPIC => match image.topic(&name) {
                     Some(t) => Ok(topic_config_entries(config, &t.configs)),
-                    None => Err((ResponseError::UnknownTopicOrPartition.code(), BrokerError::UnknownTopicOrPartition.to_string())),
+                    None => Err((
+                        ResponseError::UnknownTopicOrPartition.code(),
+                        BrokerError::UnknownTopicOrPartition.to_string(),
+                    )),
                 },
                 RESOURCE_BROKER if name == config.node_id.to_string() => Ok(broker_entries(config)),
                 // Cluster-wide dynamic defaults: none are set.
                 RESOURCE_BROKER if name.is_empty() => Ok(Vec::new()),
-                RESOURCE_BROKER => Err((ResponseError::InvalidRequest.code(), format!("Unexpected broker id, expected {}", config.node_id))),
-                other => Err((ResponseError::InvalidRequest.code(), format!("Unsupported resource type {other}"))),
+                RESOURCE_BROKER => Err((
+                    ResponseError::InvalidRequest.code(),
+                    format!("Unexpected broker id, expected {}", config.node_id),
+                )),
+                other => Err((
+                    ResponseError::InvalidRequest.code(),
+                    format!("Unsupported resource type {other}"),
+                )),
             };
             match entries {
-                Err((code, message)) => base.with_error_code(code).with_error_message(Some(StrBytes::from_string(message))),
+                Err((code, message)) => base
+                    .with_error_code(code)
+                    .with_error_message(Some(StrBytes::from_string(message))),
                 Ok(entries) => {
-                    let keys: Option<Vec<String>> = r.configuration_keys.map(|ks| ks.iter().map(|k| k.to_string()).collect());
+                    let keys: Option<Vec<String>> = r
+                        .configuration_keys
+                        .map(|ks| ks.iter().map(|k| k.to_string()).collect());
                     let configs = entries
                         .into_iter()
-                        .filter(|e| keys.as_ref().is_none_or(|ks| ks.iter().any(|k| k.as_str() == e.name.as_str())))
+                        .filter(|e| {
+                            keys.as_ref()
+                                .is_none_or(|ks| ks.iter().any(|k| k.as_str() == e.name.as_str()))
+                        })
                         .map(|e| {
                             let synonyms = if req.include_synonyms {
                                 e.synonyms

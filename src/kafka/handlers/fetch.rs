@@ -64,7 +64,10 @@ pub async fn handle(ctx: Rc<RequestContext>, req: FetchRequest) -> FetchResponse
                     );
                 }
             }
-            None => unknown_ids.push((t.topic_id, t.partitions.iter().map(|p| p.partition).collect())),
+            None => unknown_ids.push((
+                t.topic_id,
+                t.partitions.iter().map(|p| p.partition).collect(),
+            )),
         }
     }
 
@@ -97,7 +100,10 @@ pub async fn handle(ctx: Rc<RequestContext>, req: FetchRequest) -> FetchResponse
                     return error_response(ResponseError::InvalidFetchSessionEpoch.code());
                 }
                 for (tp, sp) in &requested {
-                    let entry = session.partitions.entry(tp.clone()).or_insert_with(|| sp.clone());
+                    let entry = session
+                        .partitions
+                        .entry(tp.clone())
+                        .or_insert_with(|| sp.clone());
                     entry.fetch_offset = sp.fetch_offset;
                     entry.partition_max_bytes = sp.partition_max_bytes;
                 }
@@ -119,12 +125,23 @@ pub async fn handle(ctx: Rc<RequestContext>, req: FetchRequest) -> FetchResponse
         }
     };
 
-    let max_bytes = if req.max_bytes <= 0 { i32::MAX } else { req.max_bytes } as usize;
+    let max_bytes = if req.max_bytes <= 0 {
+        i32::MAX
+    } else {
+        req.max_bytes
+    } as usize;
     let min_bytes = req.min_bytes.max(0) as usize;
-    let deadline = Instant::now() + Duration::from_millis((req.max_wait_ms.max(0) as u64).min(MAX_WAIT_MS_MAX));
+    let deadline = Instant::now()
+        + Duration::from_millis((req.max_wait_ms.max(0) as u64).min(MAX_WAIT_MS_MAX));
     let targets: Vec<(TopicPartition, i64, usize)> = fetch_set
         .iter()
-        .map(|(tp, sp)| (tp.clone(), sp.fetch_offset, sp.partition_max_bytes.max(0) as usize))
+        .map(|(tp, sp)| {
+            (
+                tp.clone(),
+                sp.fetch_offset,
+                sp.partition_max_bytes.max(0) as usize,
+            )
+        })
         .collect();
     let mut reads = read_all(&ctx, &image, &targets, max_bytes).await;
     loop {
@@ -145,7 +162,11 @@ pub async fn handle(ctx: Rc<RequestContext>, req: FetchRequest) -> FetchResponse
     let mut order: Vec<String> = Vec::new();
     {
         let mut sessions = ctx.shard.fetch_sessions.borrow_mut();
-        let mut session = if session_id != 0 { sessions.get_mut(session_id) } else { None };
+        let mut session = if session_id != 0 {
+            sessions.get_mut(session_id)
+        } else {
+            None
+        };
         for ((tp, _, _), read) in targets.iter().zip(reads) {
             let now_state = (read.high_watermark, read.log_start_offset);
             let mut include = !incremental || read.error.is_some() || !read.records.is_empty();
@@ -182,12 +203,14 @@ pub async fn handle(ctx: Rc<RequestContext>, req: FetchRequest) -> FetchResponse
         .collect();
     for (id, parts) in unknown_ids {
         responses.push(
-            FetchableTopicResponse::default().with_topic_id(id).with_partitions(
-                parts
-                    .into_iter()
-                    .map(|p| error_partition(p, BrokerError::UnknownTopicId.code()))
-                    .collect(),
-            ),
+            FetchableTopicResponse::default()
+                .with_topic_id(id)
+                .with_partitions(
+                    parts
+                        .into_iter()
+                        .map(|p| error_partition(p, BrokerError::UnknownTopicId.code()))
+                        .collect(),
+                ),
         );
     }
     FetchResponse::default()
@@ -196,7 +219,9 @@ pub async fn handle(ctx: Rc<RequestContext>, req: FetchRequest) -> FetchResponse
 }
 
 fn error_response(code: i16) -> FetchResponse {
-    FetchResponse::default().with_error_code(code).with_session_id(0)
+    FetchResponse::default()
+        .with_error_code(code)
+        .with_session_id(0)
 }
 
 fn error_partition(partition: i32, code: i16) -> PartitionData {
@@ -220,7 +245,11 @@ fn partition_data(partition: i32, read: Read, isolation_level: i8) -> PartitionD
         // No transactions yet: the LSO is the HW.
         .with_last_stable_offset(read.high_watermark)
         .with_log_start_offset(read.log_start_offset)
-        .with_aborted_transactions(if isolation_level == 1 { Some(Vec::new()) } else { None })
+        .with_aborted_transactions(if isolation_level == 1 {
+            Some(Vec::new())
+        } else {
+            None
+        })
         .with_preferred_read_replica(BrokerId(-1))
         .with_records(Some(read.records))
 }
@@ -236,7 +265,10 @@ async fn read_all(
     let mut by_shard: BTreeMap<ShardId, Vec<(usize, TopicPartition, i64, usize)>> = BTreeMap::new();
     for (i, (tp, offset, limit)) in targets.iter().enumerate() {
         match ctx.shard.owner_of(image, tp) {
-            Ok(owner) => by_shard.entry(owner).or_default().push((i, tp.clone(), *offset, *limit)),
+            Ok(owner) => by_shard
+                .entry(owner)
+                .or_default()
+                .push((i, tp.clone(), *offset, *limit)),
             Err(e) => results[i] = Some(failed(e)),
         }
     }
@@ -290,7 +322,10 @@ async fn read_all(
             results[i] = Some(r);
         }
     }
-    results.into_iter().map(|r| r.expect("every target read")).collect()
+    results
+        .into_iter()
+        .map(|r| r.expect("every target read"))
+        .collect()
 }
 
 fn failed(e: BrokerError) -> Read {
@@ -312,7 +347,10 @@ async fn wait_for_data(
     let mut by_shard: BTreeMap<ShardId, Vec<(TopicPartition, i64)>> = BTreeMap::new();
     for (tp, offset, _) in targets {
         if let Ok(owner) = ctx.shard.owner_of(image, tp) {
-            by_shard.entry(owner).or_default().push((tp.clone(), *offset));
+            by_shard
+                .entry(owner)
+                .or_default()
+                .push((tp.clone(), *offset));
         }
     }
     if by_shard.is_empty() {

@@ -14,7 +14,10 @@ use crate::kafka::handlers::admin;
 use crate::kafka::handlers::describe_configs::{RESOURCE_BROKER, RESOURCE_TOPIC};
 use crate::kafka::RequestContext;
 
-pub async fn handle(ctx: Rc<RequestContext>, req: IncrementalAlterConfigsRequest) -> IncrementalAlterConfigsResponse {
+pub async fn handle(
+    ctx: Rc<RequestContext>,
+    req: IncrementalAlterConfigsRequest,
+) -> IncrementalAlterConfigsResponse {
     let defaults = ctx.shard.config.topic_defaults.clone();
     let mut responses = Vec::with_capacity(req.resources.len());
     for r in req.resources {
@@ -23,21 +26,41 @@ pub async fn handle(ctx: Rc<RequestContext>, req: IncrementalAlterConfigsRequest
                 let ops: Vec<(String, i8, Option<String>)> = r
                     .configs
                     .iter()
-                    .map(|c| (c.name.to_string(), c.config_operation, c.value.as_ref().map(|v| v.to_string())))
+                    .map(|c| {
+                        (
+                            c.name.to_string(),
+                            c.config_operation,
+                            c.value.as_ref().map(|v| v.to_string()),
+                        )
+                    })
                     .collect();
                 let defaults = defaults.clone();
-                let edit = Box::new(move |current: &mut BTreeMap<String, String>| apply_ops(current, ops, &defaults));
-                admin::alter_topic_configs(&ctx.shard, r.resource_name.to_string(), edit, req.validate_only).await
+                let edit = Box::new(move |current: &mut BTreeMap<String, String>| {
+                    apply_ops(current, ops, &defaults)
+                });
+                admin::alter_topic_configs(
+                    &ctx.shard,
+                    r.resource_name.to_string(),
+                    edit,
+                    req.validate_only,
+                )
+                .await
             }
-            RESOURCE_BROKER => Err(BrokerError::InvalidRequest("Broker configs are static in ferrolog; set them in server.properties".into())),
-            other => Err(BrokerError::InvalidRequest(format!("Unsupported resource type {other}"))),
+            RESOURCE_BROKER => Err(BrokerError::InvalidRequest(
+                "Broker configs are static in ferrolog; set them in server.properties".into(),
+            )),
+            other => Err(BrokerError::InvalidRequest(format!(
+                "Unsupported resource type {other}"
+            ))),
         };
         let base = AlterConfigsResourceResponse::default()
             .with_resource_type(r.resource_type)
             .with_resource_name(r.resource_name);
         responses.push(match result {
             Ok(()) => base,
-            Err(e) => base.with_error_code(e.code()).with_error_message(Some(StrBytes::from_string(e.to_string()))),
+            Err(e) => base
+                .with_error_code(e.code())
+                .with_error_message(Some(StrBytes::from_string(e.to_string()))),
         });
     }
     IncrementalAlterConfigsResponse::default().with_responses(responses)
@@ -49,26 +72,44 @@ fn apply_ops(
     defaults: &BTreeMap<&'static str, String>,
 ) -> Result<(), BrokerError> {
     for (name, op, value) in ops {
-        let def = topic_config_def(&name).ok_or_else(|| BrokerError::InvalidConfig(format!("Unknown topic config name: {name}")))?;
+        let def = topic_config_def(&name).ok_or_else(|| {
+            BrokerError::InvalidConfig(format!("Unknown topic config name: {name}"))
+        })?;
         let is_list = matches!(def.kind, ConfigKind::List(_));
         match op {
             0 => {
-                let v = value.ok_or_else(|| BrokerError::InvalidRequest(format!("Null value not supported for SET of {name}")))?;
+                let v = value.ok_or_else(|| {
+                    BrokerError::InvalidRequest(format!(
+                        "Null value not supported for SET of {name}"
+                    ))
+                })?;
                 current.insert(name, v);
             }
             1 => {
                 current.remove(&name);
             }
             2 | 3 if !is_list => {
-                return Err(BrokerError::InvalidRequest(format!("Config {name} is not a list; APPEND/SUBTRACT do not apply")));
+                return Err(BrokerError::InvalidRequest(format!(
+                    "Config {name} is not a list; APPEND/SUBTRACT do not apply"
+                )));
             }
             2 | 3 => {
                 let existing = current
                     .get(&name)
                     .cloned()
                     .unwrap_or_else(|| defaults.get(def.name).cloned().unwrap_or_default());
-                let mut items: Vec<String> = existing.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect();
-                for v in value.unwrap_or_default().split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                let mut items: Vec<String> = existing
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(String::from)
+                    .collect();
+                for v in value
+                    .unwrap_or_default()
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                {
                     if op == 2 {
                         if !items.iter().any(|i| i == v) {
                             items.push(v.to_string());
@@ -79,7 +120,11 @@ fn apply_ops(
                 }
                 current.insert(name, items.join(","));
             }
-            other => return Err(BrokerError::InvalidRequest(format!("Unknown config operation {other}"))),
+            other => {
+                return Err(BrokerError::InvalidRequest(format!(
+                    "Unknown config operation {other}"
+                )))
+            }
         }
     }
     Ok(())

@@ -24,7 +24,9 @@ pub async fn handle(ctx: Rc<RequestContext>, req: InitProducerIdRequest) -> Init
                 let (id, persist) = shard.with_controller(|c| c.next_producer_id());
                 if persist {
                     let (path, bytes) = shard.with_controller(|c| c.snapshot());
-                    ferrolog_io::write_file(&path, bytes).await.map_err(|e| e.to_string())?;
+                    ferrolog_io::write_file(&path, bytes)
+                        .await
+                        .map_err(|e| e.to_string())?;
                 }
                 Ok::<i64, String>(id)
             }

@@ -5,7 +5,9 @@ use std::rc::Rc;
 
 use futures::future::join_all;
 use futures::FutureExt;
-use kafka_protocol::messages::list_offsets_response::{ListOffsetsPartitionResponse, ListOffsetsTopicResponse};
+use kafka_protocol::messages::list_offsets_response::{
+    ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
+};
 use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse};
 
 use crate::errors::BrokerError;
@@ -60,18 +62,30 @@ pub async fn handle(ctx: Rc<RequestContext>, req: ListOffsetsRequest) -> ListOff
             .iter()
             .zip(results)
             .map(|(p, r)| {
-                let base = ListOffsetsPartitionResponse::default().with_partition_index(p.partition_index);
+                let base =
+                    ListOffsetsPartitionResponse::default().with_partition_index(p.partition_index);
                 match r {
                     Ok(Some((offset, ts))) => base
                         .with_offset(offset)
                         .with_timestamp(ts)
                         .with_leader_epoch(if version >= 4 { LEADER_EPOCH } else { -1 }),
-                    Ok(None) => base.with_offset(-1).with_timestamp(-1).with_leader_epoch(-1),
-                    Err(e) => base.with_error_code(e.code()).with_offset(-1).with_timestamp(-1).with_leader_epoch(-1),
+                    Ok(None) => base
+                        .with_offset(-1)
+                        .with_timestamp(-1)
+                        .with_leader_epoch(-1),
+                    Err(e) => base
+                        .with_error_code(e.code())
+                        .with_offset(-1)
+                        .with_timestamp(-1)
+                        .with_leader_epoch(-1),
                 }
             })
             .collect();
-        topics.push(ListOffsetsTopicResponse::default().with_name(t.name).with_partitions(partitions));
+        topics.push(
+            ListOffsetsTopicResponse::default()
+                .with_name(t.name)
+                .with_partitions(partitions),
+        );
     }
     ListOffsetsResponse::default().with_topics(topics)
 }

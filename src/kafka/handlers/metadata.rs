@@ -3,7 +3,9 @@
 
 use std::rc::Rc;
 
-use kafka_protocol::messages::metadata_response::{MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic};
+use kafka_protocol::messages::metadata_response::{
+    MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+};
 use kafka_protocol::messages::{BrokerId, MetadataRequest, MetadataResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
 
@@ -37,7 +39,11 @@ pub async fn handle(ctx: Rc<RequestContext>, req: MetadataRequest) -> MetadataRe
             })
             .collect();
         if allow && config.auto_create_topics && !missing.is_empty() {
-            for (r, spec) in admin::create_topics(&ctx.shard, missing.clone(), false).await.iter().zip(&missing) {
+            for (r, spec) in admin::create_topics(&ctx.shard, missing.clone(), false)
+                .await
+                .iter()
+                .zip(&missing)
+            {
                 if let Err(e) = r {
                     if !matches!(e, BrokerError::TopicAlreadyExists(_)) {
                         tracing::warn!(topic = %spec.name, error = %e, "auto-creation failed");

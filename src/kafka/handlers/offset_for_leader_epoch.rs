@@ -5,7 +5,9 @@
 use std::rc::Rc;
 
 use futures::FutureExt;
-use kafka_protocol::messages::offset_for_leader_epoch_response::{EpochEndOffset, OffsetForLeaderTopicResult};
+use kafka_protocol::messages::offset_for_leader_epoch_response::{
+    EpochEndOffset, OffsetForLeaderTopicResult,
+};
 use kafka_protocol::messages::{OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse};
 use kafka_protocol::ResponseError;
 
@@ -13,14 +15,21 @@ use crate::kafka::RequestContext;
 use crate::partition::LEADER_EPOCH;
 use crate::types::TopicPartition;
 
-pub async fn handle(ctx: Rc<RequestContext>, req: OffsetForLeaderEpochRequest) -> OffsetForLeaderEpochResponse {
+pub async fn handle(
+    ctx: Rc<RequestContext>,
+    req: OffsetForLeaderEpochRequest,
+) -> OffsetForLeaderEpochResponse {
     let mut topics = Vec::with_capacity(req.topics.len());
     for t in req.topics {
         let mut partitions = Vec::with_capacity(t.partitions.len());
         for p in &t.partitions {
             let base = EpochEndOffset::default().with_partition(p.partition);
             if p.current_leader_epoch > LEADER_EPOCH {
-                partitions.push(base.with_error_code(ResponseError::UnknownLeaderEpoch.code()).with_leader_epoch(-1).with_end_offset(-1));
+                partitions.push(
+                    base.with_error_code(ResponseError::UnknownLeaderEpoch.code())
+                        .with_leader_epoch(-1)
+                        .with_end_offset(-1),
+                );
                 continue;
             }
             let tp = TopicPartition {
@@ -30,17 +39,28 @@ pub async fn handle(ctx: Rc<RequestContext>, req: OffsetForLeaderEpochRequest) -
             let requested = p.leader_epoch;
             let r = ctx
                 .shard
-                .on_partition(tp, move |part| async move { Ok(part.log.end_offset()) }.boxed_local())
+                .on_partition(tp, move |part| {
+                    async move { Ok(part.log.end_offset()) }.boxed_local()
+                })
                 .await;
             partitions.push(match r {
-                Ok(end) if requested == LEADER_EPOCH => base.with_leader_epoch(LEADER_EPOCH).with_end_offset(end),
+                Ok(end) if requested == LEADER_EPOCH => {
+                    base.with_leader_epoch(LEADER_EPOCH).with_end_offset(end)
+                }
                 Ok(_) if requested < LEADER_EPOCH => base.with_leader_epoch(-1).with_end_offset(-1),
                 // An epoch newer than ours is not known: Kafka answers UNDEFINED (-1, -1).
                 Ok(_) => base.with_leader_epoch(-1).with_end_offset(-1),
-                Err(e) => base.with_error_code(e.code()).with_leader_epoch(-1).with_end_offset(-1),
+                Err(e) => base
+                    .with_error_code(e.code())
+                    .with_leader_epoch(-1)
+                    .with_end_offset(-1),
             });
         }
-        topics.push(OffsetForLeaderTopicResult::default().with_topic(t.topic).with_partitions(partitions));
+        topics.push(
+            OffsetForLeaderTopicResult::default()
+                .with_topic(t.topic)
+                .with_partitions(partitions),
+        );
     }
     OffsetForLeaderEpochResponse::default().with_topics(topics)
 }

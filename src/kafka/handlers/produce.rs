@@ -21,7 +21,10 @@ type PartitionResult = Result<(Appended, i64), BrokerError>;
 const PENDING_BYTES_MAX: usize = 64 << 20;
 
 /// Appends now (in request order); the returned future completes the response.
-pub async fn start(ctx: Rc<RequestContext>, req: ProduceRequest) -> LocalBoxFuture<'static, Option<ProduceResponse>> {
+pub async fn start(
+    ctx: Rc<RequestContext>,
+    req: ProduceRequest,
+) -> LocalBoxFuture<'static, Option<ProduceResponse>> {
     let acks = req.acks;
     let image = ctx.shard.image();
     let now = now_ms();
@@ -39,7 +42,9 @@ pub async fn start(ctx: Rc<RequestContext>, req: ProduceRequest) -> LocalBoxFutu
                 (_, a) if !(a == -1 || a == 0 || a == 1) => {
                     async { Err(BrokerError::InvalidRequiredAcks) }.boxed_local()
                 }
-                (None, _) if ctx.version >= 13 => async { Err(BrokerError::UnknownTopicId) }.boxed_local(),
+                (None, _) if ctx.version >= 13 => {
+                    async { Err(BrokerError::UnknownTopicId) }.boxed_local()
+                }
                 (None, _) => async { Err(BrokerError::UnknownTopicOrPartition) }.boxed_local(),
                 (Some(name), _) => {
                     let tp = TopicPartition {
@@ -50,22 +55,26 @@ pub async fn start(ctx: Rc<RequestContext>, req: ProduceRequest) -> LocalBoxFutu
                     // The owning shard appends as soon as the job arrives, so jobs sent in
                     // order append in order; the durability wait happens afterwards.
                     let shard = ctx.shard.clone();
-                    let appended = async move { shard.on_partition(tp, move |partition| {
-                        let appended = partition.append(&records, now);
-                        async move {
-                            let appended = appended?;
-                            let backlog = partition.log.pending_bytes() > PENDING_BYTES_MAX;
-                            if (acks == -1 || backlog) && !appended.duplicate {
-                                partition
-                                    .log
-                                    .wait_durable(appended.end_offset)
-                                    .await
-                                    .map_err(|e| BrokerError::Storage(e.to_string()))?;
-                            }
-                            Ok((appended, partition.log.start_offset()))
-                        }
-                        .boxed_local()
-                    }).await };
+                    let appended = async move {
+                        shard
+                            .on_partition(tp, move |partition| {
+                                let appended = partition.append(&records, now);
+                                async move {
+                                    let appended = appended?;
+                                    let backlog = partition.log.pending_bytes() > PENDING_BYTES_MAX;
+                                    if (acks == -1 || backlog) && !appended.duplicate {
+                                        partition
+                                            .log
+                                            .wait_durable(appended.end_offset)
+                                            .await
+                                            .map_err(|e| BrokerError::Storage(e.to_string()))?;
+                                    }
+                                    Ok((appended, partition.log.start_offset()))
+                                }
+                                .boxed_local()
+                            })
+                            .await
+                    };
                     appended.boxed_local()
                 }
             };
@@ -100,7 +109,9 @@ pub async fn start(ctx: Rc<RequestContext>, req: ProduceRequest) -> LocalBoxFutu
 
 /// Starts the per-partition work at once (so the append job is sent now, in order) and
 /// returns a handle to its result.
-fn spawn_now(f: LocalBoxFuture<'static, PartitionResult>) -> glommio::task::JoinHandle<PartitionResult> {
+fn spawn_now(
+    f: LocalBoxFuture<'static, PartitionResult>,
+) -> glommio::task::JoinHandle<PartitionResult> {
     glommio::spawn_local(f).detach()
 }
 
@@ -117,9 +128,10 @@ fn partition_response(index: i32, r: Option<PartitionResult>) -> PartitionProduc
                 tracing::warn!(partition = index, error = %e, "produce failed with a storage error");
             }
             let message = match e {
-                BrokerError::InvalidTimestamp(_) | BrokerError::CorruptMessage(_) | BrokerError::InvalidRecord(_) | BrokerError::MessageTooLarge(_) => {
-                    Some(StrBytes::from_string(e.to_string()))
-                }
+                BrokerError::InvalidTimestamp(_)
+                | BrokerError::CorruptMessage(_)
+                | BrokerError::InvalidRecord(_)
+                | BrokerError::MessageTooLarge(_) => Some(StrBytes::from_string(e.to_string())),
                 _ => None,
             };
             PartitionProduceResponse::default()

@@ -290,11 +290,12 @@ pub const TOPIC_CONFIGS: &[TopicConfigDef] = &[
         LONGM1,
         true,
     ),
+    // KIP-1030 (Kafka 4.0) raised the minimum from 14 bytes to 1 MiB.
     def(
         "segment.bytes",
         Some("log.segment.bytes"),
         "1073741824",
-        ConfigKind::Int { min: 14 },
+        ConfigKind::Int { min: 1_048_576 },
         true,
     ),
     def(
@@ -662,13 +663,13 @@ mod tests {
 
     #[test]
     fn properties_and_overrides() {
-        let props = parse_properties("# c\nlisteners=PLAINTEXT://127.0.0.1:19092\nlog.dirs = /tmp/x,/tmp/y\nlog.segment.bytes=\\\n  1024\nnum.io.threads=8\n").unwrap();
+        let props = parse_properties("# c\nlisteners=PLAINTEXT://127.0.0.1:19092\nlog.dirs = /tmp/x,/tmp/y\nlog.segment.bytes=\\\n  1048576\nnum.io.threads=8\n").unwrap();
         let mut c = BrokerConfig::default();
         c.apply(&props).unwrap();
         assert_eq!(c.listen_addr.port(), 19092);
         assert_eq!(c.advertised_port, 19092);
         assert_eq!(c.log_dir, PathBuf::from("/tmp/x"));
-        assert_eq!(c.topic_defaults["segment.bytes"], "1024");
+        assert_eq!(c.topic_defaults["segment.bytes"], "1048576");
         let err = c.apply(&[("no.such.key".into(), "1".into())]).unwrap_err();
         assert!(err.to_string().contains("no.such.key"));
         assert!(c

@@ -28,6 +28,8 @@ use crate::{LogConfig, LogError};
 const ALIGN: u64 = 4096;
 /// Largest single write the flusher submits.
 const WRITE_CHUNK_BYTES_MAX: usize = 4 << 20;
+/// First preallocation of a segment; later ones double up to `LogConfig::preallocate_bytes`.
+const PREALLOCATE_MIN_BYTES: u64 = 1 << 20;
 /// Read size used while scanning a segment during recovery.
 const SCAN_CHUNK_BYTES: usize = 1 << 20;
 /// File in the partition directory that remembers the log start offset (DeleteRecords).
@@ -421,7 +423,11 @@ impl Log {
         // Preallocate in large steps so the file is not fragmented by many small extensions.
         let allocated = self.segment_allocated(base);
         if end > allocated {
-            let target = (end + step).min(segment_bytes.max(end));
+            // Grow geometrically from PREALLOCATE_MIN_BYTES up to the configured step, so a
+            // partition that holds little data reserves little disk (10,000 idle partitions
+            // must not reserve 10,000 full steps).
+            let grow = allocated.clamp(PREALLOCATE_MIN_BYTES, step.max(PREALLOCATE_MIN_BYTES));
+            let target = (end + grow).min(segment_bytes.max(end));
             let target = target.div_ceil(ALIGN) * ALIGN;
             // Preallocation only helps layout: when it fails (a nearly full disk), write on
             // and let the write itself report ENOSPC if the space is really gone.

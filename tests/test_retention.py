@@ -1,0 +1,66 @@
+"""Segments roll on segment.bytes and retention.bytes deletes whole old segments.
+
+What a user sees: on disk, a partition directory of segments named by 20-digit base offset
+(.log, .index, .timeindex, Kafka's layout); the earliest offset moves forward once the log is
+over retention.bytes, and everything from the new earliest offset on is still readable in order.
+"""
+
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from support import wait_until
+
+SEGMENT_BYTES = 1024 * 1024  # Kafka 4's minimum segment.bytes
+RETENTION_BYTES = 2 * SEGMENT_BYTES
+RECORD_BYTES = 10_000
+RECORDS = 700  # about 7 MB: several segments past the retention limit
+
+
+def offsets(bootstrap, topic):
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused"})
+    try:
+        return c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)
+    finally:
+        c.close()
+
+
+@pytest.mark.broker_config({"log.retention.check.interval.ms": "500"})
+def test_segments_roll_and_retention_bytes_deletes_oldest(broker):
+    topic = f"retention-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    configs = {"segment.bytes": str(SEGMENT_BYTES), "retention.bytes": str(RETENTION_BYTES)}
+    admin.create_topics([NewTopic(topic, 1, 1, config=configs)])[topic].result(timeout=30)
+
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "linger.ms": 5})
+    for i in range(RECORDS):
+        producer.produce(topic, value=f"{i:08d}".encode() + b"x" * (RECORD_BYTES - 8), partition=0)
+    assert producer.flush(60) == 0
+
+    part_dir = broker.data_dir / f"{topic}-0"
+    logs = sorted(p.name for p in part_dir.glob("*.log"))
+    assert all(len(n) == len("00000000000000000000.log") and n[:20].isdigit() for n in logs), logs
+    wait_until(lambda: offsets(broker.bootstrap, topic)[0] > 0, "retention to delete old segments", timeout_s=60)
+
+    low, high = offsets(broker.bootstrap, topic)
+    assert high == RECORDS
+    kept_bytes = (high - low) * RECORD_BYTES
+    assert kept_bytes >= RETENTION_BYTES - SEGMENT_BYTES, f"deleted too much: kept {high - low} records"
+    assert kept_bytes <= RETENTION_BYTES + 2 * SEGMENT_BYTES, f"kept too much: {high - low} records"
+    remaining = sorted(part_dir.glob("*.log"))
+    assert int(remaining[0].name[:20]) == low, "the log starts at the first remaining segment"
+    for seg in remaining[:-1]:  # closed segments carry both indexes
+        assert seg.with_suffix(".index").exists() and seg.with_suffix(".timeindex").exists()
+
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "unused"})
+    consumer.assign([TopicPartition(topic, 0, low)])
+    seen, deadline = [], time.monotonic() + 60
+    while len(seen) < high - low and time.monotonic() < deadline:
+        m = consumer.poll(1.0)
+        if m is not None and m.error() is None:
+            seen.append((m.offset(), int(m.value()[:8])))
+    consumer.close()
+    assert seen == [(o, o) for o in range(low, high)]

@@ -7,7 +7,8 @@ those bytes here. Only what they need is covered:
   * primitives: fixed-width integers, (compact) strings and bytes, varints,
     tagged-field sections;
   * CRC32C (Castagnoli), table-driven, for record batch checksums;
-  * record batches in the v2 format (magic 2), with the CRC computed or spoiled;
+  * record batches in the v2 format (magic 2), with the CRC computed or spoiled,
+    and a legacy magic 1 message set;
   * requests: ApiVersions v0/v3, Produce v7 (non-flexible) and v9 (flexible),
     InitProducerId v0, Metadata v8; and decoders for their responses;
   * `Connection`: one TCP connection that frames requests with request header
@@ -20,6 +21,7 @@ message/*.json) and the record batch layout of KIP-98.
 import socket
 import struct
 import time
+import zlib
 
 # ---- error codes the tests look for (Kafka's Errors enum) ----------------------
 NONE = 0
@@ -32,9 +34,11 @@ COORDINATOR_NOT_AVAILABLE = 15
 NOT_COORDINATOR = 16
 INVALID_TOPIC_EXCEPTION = 17
 INVALID_REQUIRED_ACKS = 21
+INVALID_TIMESTAMP = 32
 UNSUPPORTED_VERSION = 35
 OUT_OF_ORDER_SEQUENCE_NUMBER = 45
-DUPLICATE_SEQUENCE_NUMBER = 46
+INVALID_PRODUCER_EPOCH = 47
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 INVALID_RECORD = 87
 
 # ---- API keys ------------------------------------------------------------------
@@ -228,6 +232,7 @@ def record(offset_delta, value, key=None, timestamp_delta=0, headers=()):
 
 def record_batch(
     values,
+    keys=None,
     base_timestamp=None,
     producer_id=-1,
     producer_epoch=-1,
@@ -236,10 +241,11 @@ def record_batch(
     attributes=0,
     corrupt_crc=False,
 ):
-    """One uncompressed v2 batch holding one record per value (bytes)."""
+    """One uncompressed v2 batch holding one record per value (bytes); keys default to null."""
     if base_timestamp is None:
         base_timestamp = int(time.time() * 1000)
-    records = b"".join(record(i, v) for i, v in enumerate(values))
+    keys = keys or [None] * len(values)
+    records = b"".join(record(i, v, key=k) for i, (k, v) in enumerate(zip(keys, values)))
     after_crc = (
         i16(attributes)
         + i32(len(values) - 1)  # lastOffsetDelta
@@ -256,6 +262,15 @@ def record_batch(
         crc ^= 0xDEADBEEF
     # batchLength counts everything after itself: epoch(4) + magic(1) + crc(4) + the rest.
     return i64(base_offset) + i32(4 + 1 + 4 + len(after_crc)) + i32(-1) + i8(2) + struct.pack(">I", crc) + after_crc
+
+
+def legacy_message_set(value, timestamp=None):
+    """One magic 1 message (the pre-KIP-98 format, Produce v0-v2), uncompressed, null key."""
+    if timestamp is None:
+        timestamp = int(time.time() * 1000)
+    after_crc = i8(1) + i8(0) + i64(timestamp) + nullable_bytes(None) + nullable_bytes(value)
+    message = struct.pack(">I", zlib.crc32(after_crc)) + after_crc
+    return i64(0) + i32(len(message)) + message
 
 
 # ---- requests ------------------------------------------------------------------------
@@ -323,12 +338,17 @@ def parse_produce(body, version):
     flexible = version >= 9
     result = {}
 
+    def record_error(r):
+        batch_index, message = r.i32(), r.compact_string() if flexible else r.string()
+        if flexible:
+            r.tags()
+        return batch_index, message
+
     def partition(r, topic):
         p = {"index": r.i32(), "error_code": r.i16(), "base_offset": r.i64(), "log_append_time_ms": r.i64()}
         p["log_start_offset"] = r.i64()
         if version >= 8:
-            item = lambda r: (r.i32(), r.compact_string() if flexible else r.string(), flexible and r.tags())[:2]  # noqa: E731
-            p["record_errors"] = (r.compact_array if flexible else r.array)(item) or []
+            p["record_errors"] = (r.compact_array if flexible else r.array)(record_error) or []
             p["error_message"] = r.compact_string() if flexible else r.string()
         if flexible:
             r.tags()

@@ -85,3 +85,26 @@ def kafka_error_code(future, timeout_s=30.0):
     except KafkaException as e:
         return e.args[0].code()
     return 0
+
+
+def wait_for_partition_leaders(bootstrap, topic, partitions, timeout_s=30.0):
+    """Wait until the leader of each of the topic's partitions answers ListOffsets.
+
+    Apache Kafka's Metadata can name a new partition's leader a moment before that
+    broker acts as leader (produce and list-offsets get NOT_LEADER_OR_FOLLOWER);
+    tests that then send raw requests, which nothing retries, wait for this.
+    """
+    from confluent_kafka import KafkaException, TopicPartition
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+
+    def answered():
+        futures = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, request_timeout=timeout_s)
+        try:
+            return all(f.result(timeout=timeout_s).offset >= 0 for f in futures.values())
+        except KafkaException:
+            return False
+
+    wait_until(answered, f"every partition of {topic} answers ListOffsets", timeout_s, interval_s=0.2)

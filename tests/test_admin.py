@@ -28,7 +28,7 @@ from confluent_kafka.admin import (
     OffsetSpec,
     ResourceType,
 )
-from support import kafka_error_code, wait_until
+from support import kafka_error_code, wait_for_partition_leaders, wait_until
 
 TIMEOUT_S = 30
 
@@ -87,10 +87,11 @@ def admin_client(broker):
 
 
 def create_topic(broker, admin, name, partitions=1, config=None):
-    """Create a topic and wait until Metadata shows every partition with a leader."""
-    future = admin.create_topics([NewTopic(name, partitions, 1, config=config or {})], operation_timeout=TIMEOUT_S)[name]
-    future.result(timeout=TIMEOUT_S)
+    """Create a topic and wait until every partition has a leader that serves it."""
+    topic = NewTopic(name, partitions, 1, config=config or {})
+    admin.create_topics([topic], operation_timeout=TIMEOUT_S)[name].result(timeout=TIMEOUT_S)
     wait_for_partitions(broker, name, partitions)
+    wait_for_partition_leaders(broker.bootstrap, name, partitions, TIMEOUT_S)
 
 
 def create_error(admin, topic: NewTopic, validate_only=False):
@@ -283,6 +284,7 @@ def test_delete_topic_removes_it_and_its_records(broker):
 
     wait_until(recreated, "doomed can be created again", TIMEOUT_S, interval_s=0.5)
     wait_for_partitions(broker, "doomed", 1)
+    wait_for_partition_leaders(broker.bootstrap, "doomed", 1, TIMEOUT_S)
     assert list_offset(admin, "doomed", 0, OffsetSpec.latest()).offset == 0
 
 
@@ -446,7 +448,9 @@ def test_delete_records_moves_the_log_start_offset(broker):
     assert list_offset(admin, "trimmed", 0, OffsetSpec.latest()).offset == 10
 
     # A consumer starting from the beginning starts at the new log start.
-    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "trimmed-reader", "enable.auto.commit": False})
+    consumer = Consumer(
+        {"bootstrap.servers": broker.bootstrap, "group.id": "trimmed-reader", "enable.auto.commit": False}
+    )
     try:
         consumer.assign([TopicPartition("trimmed", 0, OFFSET_BEGINNING)])
         got = []

@@ -55,7 +55,8 @@ def test_segments_roll_and_retention_bytes_deletes_oldest(broker):
     for seg in remaining[:-1]:  # closed segments carry both indexes
         assert seg.with_suffix(".index").exists() and seg.with_suffix(".timeindex").exists()
 
-    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "unused"})
+    # No group coordination here: without auto-commit, close() has nothing to send.
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "unused", "enable.auto.commit": False})
     consumer.assign([TopicPartition(topic, 0, low)])
     seen, deadline = [], time.monotonic() + 60
     while len(seen) < high - low and time.monotonic() < deadline:

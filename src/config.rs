@@ -85,7 +85,8 @@ impl ConfigKind {
 const LONG0: ConfigKind = ConfigKind::Long { min: 0 };
 const LONGM1: ConfigKind = ConfigKind::Long { min: -1 };
 
-/// Every topic config Kafka 4.1 defines, with its default.
+/// Every topic config Kafka 4.1 defines (33; `message.downconversion.enable` went in 4.0),
+/// with its default.
 pub const TOPIC_CONFIGS: &[TopicConfigDef] = &[
     def(
         "cleanup.policy",
@@ -198,13 +199,6 @@ pub const TOPIC_CONFIGS: &[TopicConfigDef] = &[
         "1048588",
         ConfigKind::Int { min: 0 },
         true,
-    ),
-    def(
-        "message.downconversion.enable",
-        None,
-        "true",
-        ConfigKind::Bool,
-        false,
     ),
     def(
         "message.timestamp.after.max.ms",
@@ -618,6 +612,8 @@ pub struct TopicSettings {
     pub timestamp_before_max_ms: i64,
     pub timestamp_after_max_ms: i64,
     pub min_insync_replicas: i32,
+    /// `cleanup.policy` includes `compact`: every record needs a key.
+    pub compacted: bool,
 }
 
 impl TopicSettings {
@@ -644,6 +640,9 @@ impl TopicSettings {
             timestamp_before_max_ms: num("message.timestamp.before.max.ms"),
             timestamp_after_max_ms: num("message.timestamp.after.max.ms"),
             min_insync_replicas: num("min.insync.replicas") as i32,
+            compacted: get("cleanup.policy")
+                .split(',')
+                .any(|p| p.trim() == "compact"),
         }
     }
 

@@ -30,8 +30,18 @@ pub enum BrokerError {
     InvalidRecord(String),
     #[error("{0}")]
     MessageTooLarge(String),
-    #[error("{0}")]
-    InvalidTimestamp(String),
+    /// Records refused one by one (KIP-467): the code is INVALID_TIMESTAMP or INVALID_RECORD
+    /// and the response lists each refused record's index and reason.
+    #[error("{message}")]
+    RecordErrors {
+        timestamp: bool,
+        message: String,
+        records: Vec<(i32, String)>,
+    },
+    #[error("The transactional id is not authorized for this operation.")]
+    TransactionalIdAuthorizationFailed,
+    #[error("The producer attempted a transactional operation in an invalid state.")]
+    InvalidTxnState,
     #[error("The broker received an out of order sequence number.")]
     OutOfOrderSequence,
     #[error("Producer attempted to produce with an old epoch.")]
@@ -61,11 +71,6 @@ impl BrokerError {
     pub fn code(&self) -> i16 {
         kafka_error(self).code()
     }
-
-    /// The message clients see, where the API has a message field.
-    pub fn message(&self) -> Option<String> {
-        Some(self.to_string())
-    }
 }
 
 /// The one mapping from internal errors to Kafka's error codes.
@@ -83,7 +88,16 @@ pub fn kafka_error(e: &BrokerError) -> ResponseError {
         BrokerError::CorruptMessage(_) => ResponseError::CorruptMessage,
         BrokerError::InvalidRecord(_) => ResponseError::InvalidRecord,
         BrokerError::MessageTooLarge(_) => ResponseError::MessageTooLarge,
-        BrokerError::InvalidTimestamp(_) => ResponseError::InvalidTimestamp,
+        BrokerError::RecordErrors {
+            timestamp: true, ..
+        } => ResponseError::InvalidTimestamp,
+        BrokerError::RecordErrors {
+            timestamp: false, ..
+        } => ResponseError::InvalidRecord,
+        BrokerError::TransactionalIdAuthorizationFailed => {
+            ResponseError::TransactionalIdAuthorizationFailed
+        }
+        BrokerError::InvalidTxnState => ResponseError::InvalidTxnState,
         BrokerError::OutOfOrderSequence => ResponseError::OutOfOrderSequenceNumber,
         BrokerError::InvalidProducerEpoch => ResponseError::InvalidProducerEpoch,
         BrokerError::InvalidRequiredAcks => ResponseError::InvalidRequiredAcks,
@@ -106,7 +120,16 @@ mod tests {
             (BrokerError::MessageTooLarge(String::new()), 10),
             (BrokerError::InvalidTopic(String::new()), 17),
             (BrokerError::InvalidRequiredAcks, 21),
-            (BrokerError::InvalidTimestamp(String::new()), 32),
+            (
+                BrokerError::RecordErrors {
+                    timestamp: true,
+                    message: String::new(),
+                    records: Vec::new(),
+                },
+                32,
+            ),
+            (BrokerError::InvalidTxnState, 48),
+            (BrokerError::TransactionalIdAuthorizationFailed, 53),
             (BrokerError::UnsupportedVersion, 35),
             (BrokerError::TopicAlreadyExists(String::new()), 36),
             (BrokerError::InvalidPartitions(String::new()), 37),

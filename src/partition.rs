@@ -112,26 +112,22 @@ impl Partition {
     }
 
     /// Validates one produced batch and appends it. Synchronous: the caller awaits
-    /// durability separately (`wait_durable`).
-    pub fn append(&self, records: &Bytes, now_ms: i64) -> Result<Appended, BrokerError> {
+    /// durability separately (`wait_durable`). `transactional_id` tells whether the request
+    /// named one (Kafka checks it before it looks at transactional batches).
+    pub fn append(
+        &self,
+        records: &Bytes,
+        transactional_id: bool,
+        now_ms: i64,
+    ) -> Result<Appended, BrokerError> {
         if let Some(e) = self.log.failure() {
             return Err(BrokerError::Storage(e.to_string()));
         }
         let settings = self.settings.borrow().clone();
-        let header = match BatchHeader::parse(records) {
-            Ok(h) => h,
-            Err(BatchError::UnsupportedMagic(m)) => {
-                return Err(BrokerError::InvalidRecord(format!(
-                    "record batch magic {m} is not supported"
-                )))
-            }
-            Err(BatchError::InvalidCount { .. }) => {
-                return Err(BrokerError::InvalidRecord(
-                    "record count does not match the offsets".into(),
-                ))
-            }
-            Err(e) => return Err(BrokerError::CorruptMessage(e.to_string())),
-        };
+        // Kafka answers INVALID_RECORD for anything that is not one whole v2 batch, and
+        // CORRUPT_MESSAGE only for a CRC mismatch.
+        let header =
+            BatchHeader::parse(records).map_err(|e| BrokerError::InvalidRecord(e.to_string()))?;
         if header.total_bytes() > settings.max_message_bytes {
             return Err(BrokerError::MessageTooLarge(format!(
                 "batch of {} bytes exceeds max.message.bytes={}",
@@ -140,9 +136,7 @@ impl Partition {
             )));
         }
         let header = batch::verify(records).map_err(|e| match e {
-            BatchError::CrcMismatch { .. } | BatchError::Truncated { .. } => {
-                BrokerError::CorruptMessage(e.to_string())
-            }
+            BatchError::CrcMismatch { .. } => BrokerError::CorruptMessage(e.to_string()),
             other => BrokerError::InvalidRecord(other.to_string()),
         })?;
         if header.total_bytes() != records.len() {
@@ -150,14 +144,46 @@ impl Partition {
                 "produce requests must carry exactly one record batch per partition".into(),
             ));
         }
+        if header.is_control() {
+            return Err(BrokerError::InvalidRecord(
+                "control batches are written by the broker only".into(),
+            ));
+        }
+        if header.is_transactional() {
+            // No transaction coordinator yet: a transactional batch cannot be part of an
+            // ongoing transaction here.
+            return Err(if transactional_id {
+                BrokerError::InvalidTxnState
+            } else {
+                BrokerError::TransactionalIdAuthorizationFailed
+            });
+        }
         let policy = TimestampPolicy {
+            compacted: settings.compacted,
             log_append_time: settings.log_append_time,
             before_max_ms: settings.timestamp_before_max_ms,
             after_max_ms: settings.timestamp_after_max_ms,
             now_ms,
         };
         records::validate(&header, records, &policy).map_err(|e| match e {
-            RecordError::Timestamp { .. } => BrokerError::InvalidTimestamp(e.to_string()),
+            RecordError::Timestamp { index, .. } => BrokerError::RecordErrors {
+                timestamp: true,
+                message: "One or more records have been rejected due to invalid timestamp".into(),
+                records: vec![(index, e.to_string())],
+            },
+            RecordError::MissingKey { index } => {
+                let reason = format!(
+                    "Compacted topic cannot accept message without key in topic partition {}-{}.",
+                    self.topic, self.index
+                );
+                BrokerError::RecordErrors {
+                    timestamp: false,
+                    message: format!(
+                        "One or more records have been rejected due to 1 record errors in total, and only showing the first three errors at most: [{reason}]"
+                    ),
+                    records: vec![(index, reason)],
+                }
+            }
             RecordError::UnknownCodec(_) => BrokerError::CorruptMessage(e.to_string()),
             RecordError::Invalid(m) => BrokerError::InvalidRecord(m),
         })?;
@@ -170,13 +196,11 @@ impl Partition {
                 return Ok(Appended {
                     base_offset,
                     end_offset: base_offset + i64::from(header.last_offset_delta) + 1,
-                    log_append_time_ms: if settings.log_append_time {
-                        timestamp
-                    } else {
-                        -1
-                    },
+                    // Kafka answers a duplicate with the stored batch's max timestamp, whatever
+                    // the topic's timestamp type.
+                    log_append_time_ms: timestamp,
                     duplicate: true,
-                })
+                });
             }
             SequenceCheck::OutOfOrder => return Err(BrokerError::OutOfOrderSequence),
             SequenceCheck::StaleEpoch => return Err(BrokerError::InvalidProducerEpoch),

@@ -19,8 +19,16 @@ pub enum RecordError {
     #[error("unknown compression codec {0}")]
     UnknownCodec(i16),
     /// A record timestamp outside the allowed window (Kafka: INVALID_TIMESTAMP).
-    #[error("timestamp {timestamp} of record {index} is out of range")]
-    Timestamp { index: i32, timestamp: i64 },
+    #[error("Timestamp {timestamp} of message with offset {index} is out of range. The timestamp should be within [{low}, {high}]")]
+    Timestamp {
+        index: i32,
+        timestamp: i64,
+        low: i64,
+        high: i64,
+    },
+    /// A record without a key on a compacted topic (Kafka: INVALID_RECORD with record_errors).
+    #[error("Compacted topic cannot accept message without key")]
+    MissingKey { index: i32 },
 }
 
 /// Largest single record accepted once decompressed. Records are streamed, never buffered
@@ -29,6 +37,8 @@ const RECORD_BYTES_MAX: i64 = 64 << 20;
 
 /// What `validate` needs from the topic configs.
 pub struct TimestampPolicy {
+    /// The topic is compacted: records need keys.
+    pub compacted: bool,
     pub log_append_time: bool,
     pub before_max_ms: i64,
     pub after_max_ms: i64,
@@ -40,6 +50,7 @@ pub struct TimestampPolicy {
 pub struct RecordMeta {
     pub offset_delta: i64,
     pub timestamp: i64,
+    pub key_is_null: bool,
 }
 
 /// Walks every record of `batch` (a whole, CRC-checked batch) and calls `visit` for each.
@@ -78,6 +89,9 @@ pub fn validate(
 ) -> Result<(), RecordError> {
     let mut index = 0i32;
     for_each_record(header, batch, |r| {
+        if policy.compacted && r.key_is_null {
+            return Err(RecordError::MissingKey { index });
+        }
         if !policy.log_append_time && !header.is_control() {
             let too_old = policy.now_ms.saturating_sub(r.timestamp) > policy.before_max_ms;
             let too_new = r.timestamp.saturating_sub(policy.now_ms) > policy.after_max_ms;
@@ -85,6 +99,8 @@ pub fn validate(
                 return Err(RecordError::Timestamp {
                     index,
                     timestamp: r.timestamp,
+                    low: policy.now_ms.saturating_sub(policy.before_max_ms),
+                    high: policy.now_ms.saturating_add(policy.after_max_ms),
                 });
             }
         }
@@ -115,7 +131,7 @@ fn walk(
             // 0..n-1. A mismatch here means a broken producer.
             return Err(bad("record offset delta out of sequence"));
         }
-        skip_bytes_field(&mut rec).map_err(io_bad)?; // key
+        let key_is_null = skip_bytes_field(&mut rec).map_err(io_bad)?;
         skip_bytes_field(&mut rec).map_err(io_bad)?; // value
         let headers = read_varint(&mut rec).map_err(io_bad)?;
         if headers < 0 || headers > length {
@@ -135,6 +151,7 @@ fn walk(
         visit(RecordMeta {
             offset_delta,
             timestamp: header.base_timestamp.saturating_add(timestamp_delta),
+            key_is_null,
         })?;
     }
     let mut extra = [0u8; 1];
@@ -145,7 +162,8 @@ fn walk(
     }
 }
 
-fn skip_bytes_field(input: &mut dyn Read) -> io::Result<()> {
+/// Skips a nullable bytes field; true when it was null.
+fn skip_bytes_field(input: &mut dyn Read) -> io::Result<bool> {
     let len = read_varint(input)?;
     if len < -1 {
         return Err(io::Error::new(
@@ -156,7 +174,7 @@ fn skip_bytes_field(input: &mut dyn Read) -> io::Result<()> {
     if len > 0 {
         skip(input, len as u64)?;
     }
-    Ok(())
+    Ok(len == -1)
 }
 
 fn skip(input: &mut dyn Read, n: u64) -> io::Result<()> {
@@ -320,6 +338,7 @@ mod tests {
         let body = records(2);
         let h = header(2, 0, body.len());
         let policy = TimestampPolicy {
+            compacted: false,
             log_append_time: false,
             before_max_ms: 100,
             after_max_ms: 100,

@@ -6,7 +6,7 @@
 //! what keeps appends from one connection in order. Shard 0 also runs the controller (cluster
 //! metadata) and publishes each new `MetadataImage` to every shard.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -58,7 +58,6 @@ pub struct Shard {
     /// Bounds the bytes of requests being read or served on this shard.
     pub request_memory: Rc<Semaphore>,
     ready: RefCell<Option<oneshot::Sender<()>>>,
-    next_connection_id: Cell<u64>,
 }
 
 impl Shard {
@@ -68,12 +67,6 @@ impl Shard {
 
     pub fn partition(&self, tp: &TopicPartition) -> Option<Rc<Partition>> {
         self.partitions.borrow().get(tp).cloned()
-    }
-
-    pub fn next_connection_id(&self) -> u64 {
-        let id = self.next_connection_id.get();
-        self.next_connection_id.set(id + 1);
-        id
     }
 
     /// The shard that owns `tp`, or UNKNOWN_TOPIC_OR_PARTITION.
@@ -402,7 +395,6 @@ async fn shard_main(
         fetch_sessions: RefCell::new(FetchSessions::new(id)),
         request_memory: Rc::new(Semaphore::new(REQUEST_MEMORY_BYTES)),
         ready: RefCell::new(Some(ready_tx)),
-        next_connection_id: Cell::new(0),
     });
     for (_, receiver) in receivers.streams() {
         let shard = shard.clone();

@@ -12,6 +12,7 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(header) = batch::BatchHeader::parse(data) {
         if header.total_bytes() <= data.len() {
             let policy = TimestampPolicy {
+                compacted: false,
                 log_append_time: false,
                 before_max_ms: i64::MAX,
                 after_max_ms: i64::MAX,

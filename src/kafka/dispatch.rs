@@ -162,7 +162,6 @@ pub fn decode(mut frame: Bytes) -> Result<Decoded, FrameError> {
 /// (`None`: no response, acks=0). `Err` means the connection must close.
 pub async fn start(
     shard: &Rc<Shard>,
-    connection_id: u64,
     frame: Bytes,
 ) -> Result<LocalBoxFuture<'static, Option<Response>>, FrameError> {
     let (key, version, header, body) = match decode(frame)? {
@@ -182,7 +181,6 @@ pub async fn start(
         shard: shard.clone(),
         header,
         version,
-        connection_id,
     });
     let respond = move |body: ResponseKind| Response {
         correlation_id,

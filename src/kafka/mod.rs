@@ -31,5 +31,4 @@ pub struct RequestContext {
     pub shard: Rc<Shard>,
     pub header: RequestHeader,
     pub version: i16,
-    pub connection_id: u64,
 }

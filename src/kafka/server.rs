@@ -49,7 +49,6 @@ async fn connection(shard: Rc<Shard>, stream: TcpStream) -> anyhow::Result<()> {
     stream
         .set_nodelay(true)
         .map_err(|e| anyhow::anyhow!("set_nodelay: {e}"))?;
-    let connection_id = shard.next_connection_id();
     let (mut reader, mut writer) = stream.split();
     let (tx, rx) = local_channel::new_bounded::<InFlight>(IN_FLIGHT_MAX);
     let writer_task = glommio::spawn_local(async move {
@@ -95,7 +94,7 @@ async fn connection(shard: Rc<Shard>, stream: TcpStream) -> anyhow::Result<()> {
                 .map_err(|_| anyhow::anyhow!("request memory closed"))?;
             let mut frame = vec![0u8; size as usize];
             reader.read_exact(&mut frame).await?;
-            let response = match dispatch::start(&shard, connection_id, frame.into()).await {
+            let response = match dispatch::start(&shard, frame.into()).await {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::info!(error = %e, "closing connection after an invalid request");

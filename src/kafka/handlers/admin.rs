@@ -32,6 +32,9 @@ pub fn validate_configs(configs: &BTreeMap<String, String>) -> Result<(), Broker
         let def = topic_config_def(k)
             .ok_or_else(|| BrokerError::InvalidConfig(format!("Unknown topic config name: {k}")))?;
         validate_value(def, v).map_err(BrokerError::InvalidConfig)?;
+        if !def.honoured {
+            tracing::warn!(config = %k, value = %v, "topic config is stored and described but has no effect in ferrolog yet");
+        }
     }
     Ok(())
 }

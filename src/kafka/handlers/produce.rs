@@ -5,7 +5,9 @@ use std::rc::Rc;
 
 use futures::future::{join_all, LocalBoxFuture};
 use futures::FutureExt;
-use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
+use kafka_protocol::messages::produce_response::{
+    BatchIndexAndErrorMessage, PartitionProduceResponse, TopicProduceResponse,
+};
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
 use kafka_protocol::protocol::StrBytes;
 
@@ -26,6 +28,7 @@ pub async fn start(
     req: ProduceRequest,
 ) -> LocalBoxFuture<'static, Option<ProduceResponse>> {
     let acks = req.acks;
+    let transactional = req.transactional_id.is_some();
     let image = ctx.shard.image();
     let now = now_ms();
     let mut topics = Vec::with_capacity(req.topic_data.len());
@@ -58,7 +61,7 @@ pub async fn start(
                     let appended = async move {
                         shard
                             .on_partition(tp, move |partition| {
-                                let appended = partition.append(&records, now);
+                                let appended = partition.append(&records, transactional, now);
                                 async move {
                                     let appended = appended?;
                                     let backlog = partition.log.pending_bytes() > PENDING_BYTES_MAX;
@@ -127,14 +130,27 @@ fn partition_response(index: i32, r: Option<PartitionResult>) -> PartitionProduc
             if matches!(e, BrokerError::Storage(_)) {
                 tracing::warn!(partition = index, error = %e, "produce failed with a storage error");
             }
-            let message = match e {
-                BrokerError::InvalidTimestamp(_)
-                | BrokerError::CorruptMessage(_)
-                | BrokerError::InvalidRecord(_)
-                | BrokerError::MessageTooLarge(_) => Some(StrBytes::from_string(e.to_string())),
-                _ => None,
+            // Kafka sets error_message and record_errors only for per-record errors (KIP-467).
+            let (message, record_errors) = match &e {
+                BrokerError::RecordErrors {
+                    message, records, ..
+                } => (
+                    Some(StrBytes::from_string(message.clone())),
+                    records
+                        .iter()
+                        .map(|(i, m)| {
+                            BatchIndexAndErrorMessage::default()
+                                .with_batch_index(*i)
+                                .with_batch_index_error_message(Some(StrBytes::from_string(
+                                    m.clone(),
+                                )))
+                        })
+                        .collect(),
+                ),
+                _ => (None, Vec::new()),
             };
             PartitionProduceResponse::default()
+                .with_record_errors(record_errors)
                 .with_index(index)
                 .with_error_code(e.code())
                 .with_base_offset(-1)

@@ -10,7 +10,7 @@ use glommio::net::{TcpListener, TcpStream};
 use glommio::sync::StaticPermit;
 
 use crate::kafka::dispatch::{self, Response};
-use crate::shard::Shard;
+use crate::shard::{Shard, REQUEST_MEMORY_BYTES};
 
 /// Requests per connection between being read and their response being written.
 pub const IN_FLIGHT_MAX: usize = 32;
@@ -89,7 +89,8 @@ async fn connection(shard: Rc<Shard>, stream: TcpStream) -> anyhow::Result<()> {
             }
             let permit = shard
                 .request_memory
-                .acquire_static_permit(size as u64)
+                // A frame larger than the whole budget takes all of it rather than waiting forever.
+                .acquire_static_permit((size as u64).min(REQUEST_MEMORY_BYTES))
                 .await
                 .map_err(|_| anyhow::anyhow!("request memory closed"))?;
             let mut frame = vec![0u8; size as usize];

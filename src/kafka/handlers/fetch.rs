@@ -148,7 +148,8 @@ pub async fn handle(ctx: Rc<RequestContext>, req: FetchRequest) -> FetchResponse
         let total: usize = reads.iter().map(|r| r.records.len()).sum();
         let any_error = reads.iter().any(|r| r.error.is_some());
         let now = Instant::now();
-        if total >= min_bytes.max(1) || any_error || now >= deadline || targets.is_empty() {
+        // As Kafka: answer at once when min_bytes is met (min_bytes=0 never waits).
+        if total >= min_bytes || any_error || now >= deadline || targets.is_empty() {
             break;
         }
         if !wait_for_data(&ctx, &image, &targets, deadline - now).await {

@@ -71,6 +71,8 @@ pub struct Log {
     dir: PathBuf,
     state: RefCell<State>,
     flushing: Cell<bool>,
+    /// Set by `close`: appends fail from then on.
+    closing: Cell<bool>,
 }
 
 fn io_error(context: &str, path: &Path, e: impl Into<std::io::Error>) -> LogError {
@@ -111,20 +113,24 @@ impl Log {
                     )));
                 }
             }
-            recover_segment(&mut segment, last, &config).await?;
+            let indexes_loaded = recover_segment(&mut segment, last, &config).await?;
             segment.closed = !last;
+            // A closed segment whose index files fit needs nothing more; one whose indexes
+            // were rebuilt gets them written by `finish_closed_segments`.
+            segment.finalized = !last && indexes_loaded;
             segments.push(segment);
         }
+        let persisted_start = std::fs::read_to_string(dir.join(LOG_START_FILE))
+            .ok()
+            .and_then(|s| s.trim().parse::<i64>().ok());
         if segments.is_empty() {
-            segments.push(Segment::new(dir, 0, now_ms));
+            // Retention may have deleted every segment before a crash: offsets go on from the
+            // persisted log start, never back to 0.
+            segments.push(Segment::new(dir, persisted_start.unwrap_or(0).max(0), now_ms));
         }
         let first_base = segments[0].base_offset;
         let end = segments.last().expect("at least one segment").next_offset;
-        let persisted_start = std::fs::read_to_string(dir.join(LOG_START_FILE))
-            .ok()
-            .and_then(|s| s.trim().parse::<i64>().ok())
-            .unwrap_or(first_base);
-        let log_start = persisted_start.clamp(first_base, end);
+        let log_start = persisted_start.unwrap_or(first_base).clamp(first_base, end);
         let log = Log {
             dir: dir.to_path_buf(),
             state: RefCell::new(State {
@@ -142,6 +148,7 @@ impl Log {
                 config,
             }),
             flushing: Cell::new(false),
+            closing: Cell::new(false),
         };
         Ok(Rc::new(log))
     }
@@ -215,6 +222,9 @@ impl Log {
             let st = &mut *guard;
             if let Some(e) = &st.failed {
                 return Err(e.clone());
+            }
+            if self.closing.get() {
+                return Err(LogError::Closed);
             }
             let base_offset = st.end;
             batch::set_offset_and_epoch(&mut batch_bytes, base_offset, leader_epoch);
@@ -317,11 +327,7 @@ impl Log {
                 st.pending.drain(..).collect()
             };
             let new_durable = taken.last().expect("took pending").next_offset;
-            let written = match self.write_out(taken).await {
-                Ok(()) => self.finish_closed_segments().await,
-                Err(e) => Err(e),
-            };
-            match written {
+            match self.write_out(taken).await {
                 Ok(()) => self.advance_durable(new_durable),
                 Err(e) => {
                     tracing::error!(dir = %self.dir.display(), error = %e,
@@ -374,6 +380,9 @@ impl Log {
                 j += 1;
             }
             self.write_segment(base, &taken[i..j]).await?;
+            // A rolled segment gets its exact size before the next segment's file exists, so
+            // a crash never leaves padding inside a closed segment.
+            self.finish_closed_segments().await?;
             i = j;
         }
         Ok(())
@@ -513,10 +522,13 @@ impl Log {
                 let mut st = self.state.borrow_mut();
                 st.segments
                     .iter_mut()
-                    .find(|s| s.closed && !s.finalized && s.synced == s.size && s.file.is_some())
+                    .find(|s| {
+                        s.closed && !s.finalized && !s.finalizing && s.synced == s.size && s.file.is_some()
+                    })
                     .map(|seg| {
-                        seg.finalized = true;
+                        seg.finalizing = true;
                         (
+                            seg.base_offset,
                             seg.file.clone().expect("checked"),
                             seg.synced,
                             seg.encode_index(),
@@ -527,20 +539,15 @@ impl Log {
                         )
                     })
             };
-            let Some((file, size, index, time_index, index_path, time_path, log_path)) = next
-            else {
+            let Some((base, file, size, index, time_index, index_path, time_path, log_path)) = next else {
                 return Ok(());
             };
-            finish_segment_files(
-                &file,
-                size,
-                index,
-                time_index,
-                &index_path,
-                &time_path,
-                &log_path,
-            )
-            .await?;
+            finish_segment_files(&file, size, index, time_index, &index_path, &time_path, &log_path).await?;
+            let mut st = self.state.borrow_mut();
+            if let Some(seg) = find_segment_mut(&mut st.segments, base) {
+                seg.finalizing = false;
+                seg.finalized = true;
+            }
         }
     }
 
@@ -660,13 +667,13 @@ impl Log {
         retention_ms: i64,
         retention_bytes: i64,
     ) -> Result<usize, LogError> {
+        self.finish_closed_segments().await?;
         let new_start = {
             let st = self.state.borrow();
             let mut total: i64 = st.segments.iter().map(|s| s.size as i64).sum();
             let mut new_start = None;
             for seg in &st.segments {
-                let deletable =
-                    seg.closed && seg.synced == seg.size && seg.next_offset <= st.durable;
+                let deletable = seg.finalized && seg.next_offset <= st.durable;
                 if !deletable {
                     break;
                 }
@@ -720,37 +727,21 @@ impl Log {
         Ok(())
     }
 
-    /// Waits for every appended batch to be durable, then writes the active segment's indexes.
+    /// Stops taking appends, waits until everything appended is on disk and the flusher is
+    /// idle, and finishes rolled segments. The active segment keeps its zero padding:
+    /// recovery strips it, and truncating under a running flush could cut acknowledged data.
     pub async fn close(&self) -> Result<(), LogError> {
+        self.closing.set(true);
         let end = self.end_offset();
         self.wait_durable(end).await?;
-        let (file, size, index, time_index, index_path, time_path) = {
-            let mut st = self.state.borrow_mut();
-            let seg = st.segments.last_mut().expect("active segment");
-            seg.seal_time_index();
-            (
-                seg.file.clone(),
-                seg.synced,
-                seg.encode_index(),
-                seg.encode_time_index(),
-                seg.index_path(),
-                seg.time_index_path(),
-            )
-        };
-        if let Some(file) = file {
-            let log_path = index_path.with_extension("log");
-            finish_segment_files(
-                &file,
-                size,
-                index,
-                time_index,
-                &index_path,
-                &time_path,
-                &log_path,
-            )
-            .await?;
+        // The flusher may still be finishing rolled segments; it stops on its own.
+        let mut rounds = 0u32;
+        while self.flushing.get() {
+            assert!(rounds < 60_000, "flusher did not stop within a minute of close");
+            glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
+            rounds += 1;
         }
-        Ok(())
+        self.finish_closed_segments().await
     }
 }
 
@@ -929,7 +920,11 @@ pub async fn write_file(path: &Path, contents: Vec<u8>) -> Result<(), LogError> 
     let result = glommio::executor()
         .spawn_blocking(move || -> std::io::Result<()> {
             use std::io::Write;
-            let tmp = path.with_extension("tmp");
+            static TMP_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let seq = TMP_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
+            tmp_name.push(format!(".{seq}.tmp"));
+            let tmp = path.with_file_name(tmp_name);
             let mut f = std::fs::File::create(&tmp)?;
             f.write_all(&contents)?;
             f.sync_data()?;
@@ -950,7 +945,7 @@ async fn recover_segment(
     seg: &mut Segment,
     last: bool,
     config: &LogConfig,
-) -> Result<(), LogError> {
+) -> Result<bool, LogError> {
     let path = seg.log_path();
     let file = glommio::io::OpenOptions::new()
         .read(true)
@@ -1013,10 +1008,12 @@ async fn recover_segment(
             cut = Some(format!("batch at {pos} runs past the end of the file"));
             break;
         }
-        if header.base_offset < seg.next_offset {
+        if !seg.fits(&header, pos) {
             cut = Some(format!(
-                "batch at {pos} has offset {} below {}",
-                header.base_offset, seg.next_offset
+                "batch at {pos} has offsets {}..={} that do not follow {}",
+                header.base_offset,
+                header.last_offset(),
+                seg.next_offset
             ));
             break;
         }
@@ -1046,16 +1043,23 @@ async fn recover_segment(
         pos += total as u64;
     }
     if let Some(reason) = cut {
-        if !last {
+        // What follows the cut: Direct I/O pads the last page with zeros, so a segment that
+        // was rolled just before a crash may still end in padding; that is not damage.
+        let rest = (file_size - pos) as usize;
+        let zeros_only = rest <= ALIGN as usize && {
+            let r = reader
+                .read_at(pos, rest)
+                .await
+                .map_err(|e| io_error("reading", &path, e))?;
+            r.iter().all(|&x| x == 0)
+        };
+        if !last && !zeros_only {
             return Err(LogError::Corrupt(format!(
                 "{}: closed segment is damaged at byte {pos}: {reason}",
                 path.display()
             )));
         }
         if pos < file_size {
-            let zeros_only = buf
-                .get((pos - buf_start) as usize..)
-                .is_some_and(|b| b.iter().all(|&x| x == 0));
             if zeros_only {
                 tracing::debug!(path = %path.display(), pos, "dropping zero padding after the last batch");
             } else {
@@ -1086,7 +1090,7 @@ async fn recover_segment(
     }
     seg.file = Some(Rc::new(file));
     seg.reader = Some(reader);
-    Ok(())
+    Ok(index_loaded)
 }
 
 #[cfg(test)]
@@ -1199,7 +1203,12 @@ mod tests {
             logs.sort();
             let last = logs.last().unwrap().clone();
             let mut bytes = std::fs::read(&last).unwrap();
-            let keep = bytes.len() - 50;
+            // The file ends in Direct I/O zero padding; find where the batches end.
+            let mut end = 0;
+            while let Ok(h) = BatchHeader::parse(&bytes[end..]) {
+                end += h.total_bytes();
+            }
+            let keep = end - 50;
             bytes.truncate(keep);
             bytes.extend_from_slice(&[7u8; 20]);
             std::fs::write(&last, &bytes).unwrap();
@@ -1233,6 +1242,41 @@ mod tests {
             assert_eq!(log.start_offset(), start + 3);
             let b = log.read(start + 3, 1, i64::MAX).await.unwrap();
             assert_eq!(BatchHeader::parse(&b).unwrap().base_offset, start + 2);
+        });
+    }
+
+    #[test]
+    fn padded_closed_segment_recovers_and_time_index_keeps_running_max() {
+        let dir = tmpdir("padded");
+        run(move || async move {
+            let log = Log::open(&dir, small(), 0).await.unwrap();
+            // Out-of-order timestamps: 400, then 1000, then 500s.
+            for ts in [400, 1000, 500, 500, 500, 500, 500, 500, 500, 500] {
+                let b = make_batch(0, 2, ts, 100);
+                log.append(BytesMut::from(&b[..]), 0, 0).unwrap();
+            }
+            log.wait_durable(log.end_offset()).await.unwrap();
+            let hit = log.find_batch_by_timestamp(800, i64::MAX).await.unwrap().unwrap();
+            assert_eq!(BatchHeader::parse(&hit).unwrap().base_offset, 2, "the 1000 batch");
+            append_n(&log, 60, 2000).await;
+            log.close().await.unwrap();
+            assert!(matches!(
+                log.append(BytesMut::from(&make_batch(0, 1, 0, 1)[..]), 0, 0),
+                Err(LogError::Closed)
+            ));
+            drop(log);
+            // A crash right after a roll could leave padding in the closed segment.
+            let mut logs: Vec<_> = std::fs::read_dir(&dir).unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.extension().is_some_and(|x| x == "log"))
+                .collect();
+            logs.sort();
+            let mut first = std::fs::read(&logs[0]).unwrap();
+            first.extend_from_slice(&[0u8; 3000]);
+            std::fs::write(&logs[0], &first).unwrap();
+            let log = Log::open(&dir, small(), 0).await.unwrap();
+            assert_eq!(log.end_offset(), 140);
+            assert_eq!(read_all(&log, 0).await.len(), 70);
         });
     }
 }

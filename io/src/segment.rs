@@ -50,6 +50,8 @@ pub(crate) struct Segment {
     pub closed: bool,
     /// Closed, fully written, trimmed, and its index files written.
     pub finalized: bool,
+    /// `finalized` is being established (its files are being written).
+    pub finalizing: bool,
     /// Copy of the partial last page on disk, `[synced rounded down to 4096, synced)`, which
     /// the next Direct I/O write rewrites whole.
     pub tail: Vec<u8>,
@@ -74,6 +76,7 @@ impl Segment {
             created_ms: now_ms,
             closed: false,
             finalized: false,
+            finalizing: false,
             tail: Vec::new(),
         }
     }
@@ -90,6 +93,14 @@ impl Segment {
         self.path_stem.with_extension("timeindex")
     }
 
+    /// Whether a batch at `position` with this header can be tracked (offsets in order,
+    /// relative offset and position within the index's 32 bits).
+    pub fn fits(&self, header: &BatchHeader, position: u64) -> bool {
+        header.base_offset >= self.next_offset
+            && u32::try_from(header.last_offset() - self.base_offset).is_ok()
+            && u32::try_from(position).is_ok()
+    }
+
     /// Records a batch appended at byte `position`, updating both sparse indexes.
     pub fn track_batch(&mut self, header: &BatchHeader, position: u64, interval_bytes: u32) {
         assert!(
@@ -100,16 +111,16 @@ impl Segment {
         let relative = u32::try_from(header.base_offset - self.base_offset)
             .expect("relative offset fits the index");
         let position32 = u32::try_from(position).expect("segment position fits the index");
-        if self.index.is_empty() || self.bytes_since_index >= interval_bytes {
-            self.index.push((relative, position32));
-            if header.max_timestamp > self.time_index.last().map_or(-1, |e| e.0) {
-                self.time_index.push((header.max_timestamp, relative));
-            }
-            self.bytes_since_index = 0;
-        }
         if header.max_timestamp > self.max_timestamp {
             self.max_timestamp = header.max_timestamp;
             self.max_timestamp_batch = header.base_offset;
+        }
+        if self.index.is_empty() || self.bytes_since_index >= interval_bytes {
+            self.index.push((relative, position32));
+            // As Kafka's time index: the running maximum and the first batch that reached it,
+            // so every batch before an entry's offset is older than the entry's timestamp.
+            self.seal_time_index();
+            self.bytes_since_index = 0;
         }
         self.bytes_since_index = self
             .bytes_since_index
@@ -141,8 +152,9 @@ impl Segment {
         }
     }
 
-    /// Makes the last time-index entry exact before the segment is closed, so that a reopened
-    /// segment knows its largest timestamp from the index alone (Kafka does the same on roll).
+    /// Adds a time-index entry for the running maximum if it grew. Also called when the
+    /// segment is closed, so a reopened segment knows its largest timestamp from the index
+    /// alone (Kafka does the same on roll).
     pub fn seal_time_index(&mut self) {
         if self.max_timestamp > self.time_index.last().map_or(-1, |e| e.0) {
             let relative = u32::try_from(self.max_timestamp_batch - self.base_offset)

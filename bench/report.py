@@ -54,8 +54,9 @@ WORKLOAD_NOTES = {
                 "MB/s counts record-batch bytes.",
     "many-partitions": "One topic with many partitions on one node, created in steps of 5,000 (Kafka refuses larger "
                        "single operations). Idle CPU after the broker settles, then open-loop produce round-robin over "
-                       "all partitions (1-record batches), then idle again. Runs on a loop-mounted ext4 image so that "
-                       "preallocation cannot fill the shared disk.",
+                       "all partitions (1-record batches), then idle again. Before the measured run one record goes "
+                       "to every partition (`first_write_all_s`), so that the run sees partitions that already have "
+                       "files. A disk guard kills a broker that brings the data disk below 8 GiB free.",
 }
 
 UNSUPPORTED = [
@@ -338,7 +339,9 @@ def markdown(h, r, summary):
     if others:
         add("")
         add(f"Background load (CPU used by other processes during measurements, % of all cores): median {fmt(statistics.median(others))}, "
-            f"max {fmt(max(others))}. {'**The machine was shared while this ran; treat the spread as noise.**' if max(others) > 10 else ''}")
+            f"max {fmt(max(others))}. This counts other users of the machine but also kernel threads working for the brokers "
+            f"(ext4 journal commits after fsyncs, block I/O completion). "
+            f"{'**The machine was shared while this ran; treat the spread as noise.**' if max(others) > 10 else ''}")
     add("")
     add("## Headline")
     add("")

@@ -34,7 +34,12 @@ impl BatchBuilder {
     pub fn new(capacity: usize) -> BatchBuilder {
         let mut buf = BytesMut::with_capacity(capacity + BATCH_HEADER_BYTES + 64);
         buf.put_bytes(0, BATCH_HEADER_BYTES);
-        BatchBuilder { buf, count: 0, base_timestamp_ms: 0, max_timestamp_ms: 0 }
+        BatchBuilder {
+            buf,
+            count: 0,
+            base_timestamp_ms: 0,
+            max_timestamp_ms: 0,
+        }
     }
 
     pub fn bytes(&self) -> usize {
@@ -56,7 +61,10 @@ impl BatchBuilder {
         let value_len = PAYLOAD_HEADER_BYTES + filler.len();
         let timestamp_delta = timestamp_ms - self.base_timestamp_ms;
         let offset_delta = self.count as i64;
-        let body_len = 1 + varlong_len(timestamp_delta) + varlong_len(offset_delta) + varlong_len(-1)
+        let body_len = 1
+            + varlong_len(timestamp_delta)
+            + varlong_len(offset_delta)
+            + varlong_len(-1)
             + varlong_len(value_len as i64)
             + value_len
             + varlong_len(0);
@@ -111,20 +119,32 @@ pub struct Walked {
 
 /// Walks the complete batches in `data` (a Fetch may end in a partial batch, which is
 /// dropped). `on_send_time` gets the send time of every bench record when `parse_records`.
-pub fn walk_batches(data: &[u8], fetch_offset: i64, parse_records: bool, verify_crc: bool, on_send_time: &mut impl FnMut(u64)) -> Result<Walked> {
+pub fn walk_batches(
+    data: &[u8],
+    fetch_offset: i64,
+    parse_records: bool,
+    verify_crc: bool,
+    on_send_time: &mut impl FnMut(u64),
+) -> Result<Walked> {
     let mut w = Walked::default();
     let mut pos = 0usize;
     while data.len() - pos >= BATCH_HEADER_BYTES {
         let h = &data[pos..];
         let base_offset = i64::from_be_bytes(h[0..8].try_into().unwrap());
         let batch_length = i32::from_be_bytes(h[8..12].try_into().unwrap());
-        ensure!(batch_length >= (BATCH_HEADER_BYTES - 12) as i32, "batch at offset {base_offset}: length {batch_length}");
+        ensure!(
+            batch_length >= (BATCH_HEADER_BYTES - 12) as i32,
+            "batch at offset {base_offset}: length {batch_length}"
+        );
         let total = 12 + batch_length as usize;
         if data.len() - pos < total {
             break;
         }
         let magic = h[16];
-        ensure!(magic == 2, "batch at offset {base_offset}: magic {magic}, expected 2");
+        ensure!(
+            magic == 2,
+            "batch at offset {base_offset}: magic {magic}, expected 2"
+        );
         let batch = &data[pos..pos + total];
         let attributes = i16::from_be_bytes(batch[21..23].try_into().unwrap());
         let last_offset_delta = i32::from_be_bytes(batch[23..27].try_into().unwrap());
@@ -155,7 +175,10 @@ pub fn walk_batches(data: &[u8], fetch_offset: i64, parse_records: bool, verify_
         let mut r = &batch[BATCH_HEADER_BYTES..];
         for _ in 0..record_count {
             let (len, n) = read_varlong(r)?;
-            ensure!(len >= 0 && (len as usize) <= r.len() - n, "record length {len} past the batch end");
+            ensure!(
+                len >= 0 && (len as usize) <= r.len() - n,
+                "record length {len} past the batch end"
+            );
             let rec = &r[n..n + len as usize];
             r = &r[n + len as usize..];
             let value = record_value(rec)?;
@@ -189,7 +212,10 @@ fn record_value(rec: &[u8]) -> Result<Option<&[u8]>> {
     if value_len < 0 {
         return Ok(None);
     }
-    ensure!(p + value_len as usize <= rec.len(), "value past the record end");
+    ensure!(
+        p + value_len as usize <= rec.len(),
+        "value past the record end"
+    );
     Ok(Some(&rec[p..p + value_len as usize]))
 }
 
@@ -265,7 +291,19 @@ mod tests {
 
     #[test]
     fn varlong_round_trip() {
-        for v in [0i64, 1, -1, 63, -64, 64, 300, -300, i32::MAX as i64, i64::MIN, i64::MAX] {
+        for v in [
+            0i64,
+            1,
+            -1,
+            63,
+            -64,
+            64,
+            300,
+            -300,
+            i32::MAX as i64,
+            i64::MIN,
+            i64::MAX,
+        ] {
             let mut b = BytesMut::new();
             put_varlong(&mut b, v);
             assert_eq!(b.len(), varlong_len(v));

@@ -91,7 +91,11 @@ pub fn prepare(opts: &ConsumeOpts) -> Result<Prepared> {
         StartAt::Earliest => conn.list_offsets(&opts.topic, &partitions, -2)?,
     };
     let offsets = partitions.iter().map(|p| (*p, start[p])).collect();
-    Ok(Prepared { conn, offsets, end_offsets })
+    Ok(Prepared {
+        conn,
+        offsets,
+        end_offsets,
+    })
 }
 
 /// Reads until `stop` is set and the consumer has caught up with the high watermarks it
@@ -106,7 +110,11 @@ pub fn run(
     stop: &AtomicBool,
     live: Arc<ConsumeLive>,
 ) -> Result<ConsumerResult> {
-    let Prepared { mut conn, mut offsets, end_offsets } = prepared;
+    let Prepared {
+        mut conn,
+        mut offsets,
+        end_offsets,
+    } = prepared;
     let topic = TopicName(StrBytes::from_string(opts.topic.clone()));
     let window_start_us = start_unix_us + window.0.as_micros() as u64;
     let window_end_us = start_unix_us + window.1.as_micros() as u64;
@@ -129,7 +137,9 @@ pub fn run(
             }
         } else if stop.load(Ordering::Relaxed) {
             let seen = *stop_seen_at.get_or_insert_with(Instant::now);
-            let caught_up = offsets.iter().all(|(p, o)| high_watermarks.get(p).is_some_and(|hw| o >= hw));
+            let caught_up = offsets
+                .iter()
+                .all(|(p, o)| high_watermarks.get(p).is_some_and(|hw| o >= hw));
             if caught_up || seen.elapsed() > Duration::from_secs(10) {
                 result.reached_end = caught_up;
                 break;
@@ -137,35 +147,47 @@ pub fn run(
         }
         let req = FetchRequest::default()
             .with_replica_id(BrokerId(-1))
-            .with_max_wait_ms(if stop_seen_at.is_some() { 100 } else { opts.max_wait_ms })
+            .with_max_wait_ms(if stop_seen_at.is_some() {
+                100
+            } else {
+                opts.max_wait_ms
+            })
             .with_min_bytes(opts.min_bytes)
             .with_max_bytes(opts.max_bytes)
             .with_isolation_level(0)
             .with_session_id(0)
             .with_session_epoch(-1)
-            .with_topics(vec![FetchTopic::default().with_topic(topic.clone()).with_partitions(
-                offsets
-                    .iter()
-                    .map(|(p, o)| {
-                        FetchPartition::default()
-                            .with_partition(*p)
-                            .with_current_leader_epoch(-1)
-                            .with_fetch_offset(*o)
-                            .with_last_fetched_epoch(-1)
-                            .with_log_start_offset(-1)
-                            .with_partition_max_bytes(opts.partition_max_bytes)
-                    })
-                    .collect(),
-            )]);
+            .with_topics(vec![FetchTopic::default()
+                .with_topic(topic.clone())
+                .with_partitions(
+                    offsets
+                        .iter()
+                        .map(|(p, o)| {
+                            FetchPartition::default()
+                                .with_partition(*p)
+                                .with_current_leader_epoch(-1)
+                                .with_fetch_offset(*o)
+                                .with_last_fetched_epoch(-1)
+                                .with_log_start_offset(-1)
+                                .with_partition_max_bytes(opts.partition_max_bytes)
+                        })
+                        .collect(),
+                )]);
         let (correlation_id, version, frame) = conn.encode(&req)?;
-        conn.stream.write_all(&frame).context("writing a fetch request")?;
+        conn.stream
+            .write_all(&frame)
+            .context("writing a fetch request")?;
         let body = wire::read_frame(&mut conn.stream).context("reading a fetch response")?;
         let received_at = Instant::now();
         let now_unix_us = start_unix_us + (received_at - start).as_micros() as u64;
         let resp = wire::decode_response::<FetchRequest>(body, correlation_id, version)?;
         result.fetches += 1;
         if resp.error_code != 0 {
-            bail!("fetch failed: error {} ({})", resp.error_code, wire::error_name(resp.error_code));
+            bail!(
+                "fetch failed: error {} ({})",
+                resp.error_code,
+                wire::error_name(resp.error_code)
+            );
         }
         let mut fetched_records = 0u64;
         let mut fetched_bytes = 0u64;
@@ -180,12 +202,23 @@ pub fn run(
                 }
                 high_watermarks.insert(pd.partition_index, pd.high_watermark);
                 let Some(records) = &pd.records else { continue };
-                let Some(slot) = offsets.iter_mut().find(|(p, _)| *p == pd.partition_index) else { continue };
-                let w = batch::walk_batches(records, slot.1, opts.parse_records, opts.verify_crc, &mut |sent_us| {
-                    if sent_us >= window_start_us && sent_us < window_end_us {
-                        stats::record_us(&mut histogram, Duration::from_micros(now_unix_us.saturating_sub(sent_us)));
-                    }
-                })?;
+                let Some(slot) = offsets.iter_mut().find(|(p, _)| *p == pd.partition_index) else {
+                    continue;
+                };
+                let w = batch::walk_batches(
+                    records,
+                    slot.1,
+                    opts.parse_records,
+                    opts.verify_crc,
+                    &mut |sent_us| {
+                        if sent_us >= window_start_us && sent_us < window_end_us {
+                            stats::record_us(
+                                &mut histogram,
+                                Duration::from_micros(now_unix_us.saturating_sub(sent_us)),
+                            );
+                        }
+                    },
+                )?;
                 if let Some(next) = w.next_offset {
                     slot.1 = slot.1.max(next);
                 }
@@ -201,7 +234,8 @@ pub fn run(
             result.empty_fetches += 1;
         } else {
             last_record_at = received_at;
-            live.received.add(received_at - start, fetched_records, fetched_bytes);
+            live.received
+                .add(received_at - start, fetched_records, fetched_bytes);
             live.records.fetch_add(fetched_records, Ordering::Relaxed);
             live.bytes.fetch_add(fetched_bytes, Ordering::Relaxed);
         }
@@ -212,7 +246,10 @@ pub fn run(
         result.throughput_rps = result.records as f64 / result.elapsed_s;
     }
     result.e2e_latency = LatencySummary::of(&histogram);
-    let mut e: Vec<_> = errors.into_iter().map(|(c, n)| (c, wire::error_name(c).to_string(), n)).collect();
+    let mut e: Vec<_> = errors
+        .into_iter()
+        .map(|(c, n)| (c, wire::error_name(c).to_string(), n))
+        .collect();
     e.sort();
     result.errors = e;
     Ok(result)

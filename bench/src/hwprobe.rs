@@ -69,16 +69,28 @@ impl Aligned {
 }
 
 pub fn run(opts: &HwOpts) -> Result<HwResult> {
-    ensure!(opts.block_bytes % DIRECT_IO_ALIGN == 0, "block size must be a multiple of {DIRECT_IO_ALIGN}");
+    ensure!(
+        opts.block_bytes % DIRECT_IO_ALIGN == 0,
+        "block size must be a multiple of {DIRECT_IO_ALIGN}"
+    );
     std::fs::create_dir_all(&opts.dir)?;
     let path = opts.dir.join("hwprobe.data");
     let result = (|| -> Result<HwResult> {
         let (direct_write_mbps, direct_read_mbps) = sequential(&path, opts)?;
         let _ = std::fs::remove_file(&path);
-        let fdatasync_buffered_4k = fsync_latency(&opts.dir.join("hwprobe.fsync"), opts.fsync_count, false)?;
-        let fdatasync_direct_4k = fsync_latency(&opts.dir.join("hwprobe.fsync"), opts.fsync_count, true)?;
+        let fdatasync_buffered_4k =
+            fsync_latency(&opts.dir.join("hwprobe.fsync"), opts.fsync_count, false)?;
+        let fdatasync_direct_4k =
+            fsync_latency(&opts.dir.join("hwprobe.fsync"), opts.fsync_count, true)?;
         let loopback_tcp_mbps = loopback(opts.tcp_duration)?;
-        Ok(HwResult { options: opts.clone(), direct_write_mbps, direct_read_mbps, fdatasync_buffered_4k, fdatasync_direct_4k, loopback_tcp_mbps })
+        Ok(HwResult {
+            options: opts.clone(),
+            direct_write_mbps,
+            direct_read_mbps,
+            fdatasync_buffered_4k,
+            fdatasync_direct_4k,
+            loopback_tcp_mbps,
+        })
     })();
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_file(opts.dir.join("hwprobe.fsync"));
@@ -92,7 +104,9 @@ fn open_direct(path: &Path, write: bool) -> Result<File> {
     } else {
         o.read(true);
     }
-    o.custom_flags(libc::O_DIRECT).open(path).with_context(|| format!("opening {} with O_DIRECT", path.display()))
+    o.custom_flags(libc::O_DIRECT)
+        .open(path)
+        .with_context(|| format!("opening {} with O_DIRECT", path.display()))
 }
 
 fn sequential(path: &Path, opts: &HwOpts) -> Result<(f64, f64)> {
@@ -122,7 +136,11 @@ fn fsync_latency(path: &Path, count: u64, direct: bool) -> Result<LatencySummary
     let f = if direct {
         open_direct(path, true)?
     } else {
-        OpenOptions::new().write(true).create(true).truncate(true).open(path)?
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)?
     };
     let page = Aligned::new(4096, 0x33);
     let mut h = stats::new_histogram();
@@ -161,6 +179,8 @@ fn loopback(duration: Duration) -> Result<f64> {
         c.write_all(&buf)?;
     }
     drop(c);
-    let (total, elapsed) = server.join().map_err(|_| anyhow::anyhow!("loopback server panicked"))??;
+    let (total, elapsed) = server
+        .join()
+        .map_err(|_| anyhow::anyhow!("loopback server panicked"))??;
     Ok(total as f64 / 1e6 / elapsed.as_secs_f64().max(1e-9))
 }

@@ -37,7 +37,11 @@ use producer::{Partitioner, ProduceLive, ProduceOpts, ProduceResult};
 use stats::Timeline;
 
 #[derive(Parser)]
-#[command(name = "ferrolog-bench", version, about = "Kafka load generator for ferrolog vs Apache Kafka")]
+#[command(
+    name = "ferrolog-bench",
+    version,
+    about = "Kafka load generator for ferrolog vs Apache Kafka"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -230,17 +234,44 @@ fn main() {
 fn real_main() -> Result<()> {
     match Cli::parse().command {
         Command::Run(a) => run(a),
-        Command::CreateTopic { bootstrap, topic, partitions, configs, timeout_ms } => {
+        Command::CreateTopic {
+            bootstrap,
+            topic,
+            partitions,
+            configs,
+            timeout_ms,
+        } => {
             let mut conn = wire::Conn::connect(&bootstrap, Duration::from_secs(10))?;
             let t = Instant::now();
             conn.create_topic(&topic, partitions, &parse_kv(&configs)?, timeout_ms)?;
             // CreateTopics answers before every partition has a leader on some brokers.
-            wait_for_leaders(&mut conn, &topic, partitions, Duration::from_millis(timeout_ms as u64))?;
-            println!("{}", serde_json::json!({"topic": topic, "partitions": partitions, "create_s": t.elapsed().as_secs_f64()}));
+            wait_for_leaders(
+                &mut conn,
+                &topic,
+                partitions,
+                Duration::from_millis(timeout_ms as u64),
+            )?;
+            println!(
+                "{}",
+                serde_json::json!({"topic": topic, "partitions": partitions, "create_s": t.elapsed().as_secs_f64()})
+            );
             Ok(())
         }
-        Command::StartupProbe { bootstrap, topic, create, since_unix_ns, timeout_s } => startup_probe(&bootstrap, &topic, create, since_unix_ns, timeout_s),
-        Command::HwProbe { dir, file_mib, block_kib, fsync_count, tcp_seconds, json } => {
+        Command::StartupProbe {
+            bootstrap,
+            topic,
+            create,
+            since_unix_ns,
+            timeout_s,
+        } => startup_probe(&bootstrap, &topic, create, since_unix_ns, timeout_s),
+        Command::HwProbe {
+            dir,
+            file_mib,
+            block_kib,
+            fsync_count,
+            tcp_seconds,
+            json,
+        } => {
             let opts = hwprobe::HwOpts {
                 dir,
                 file_bytes: file_mib << 20,
@@ -263,14 +294,20 @@ fn real_main() -> Result<()> {
 fn parse_kv(items: &[String]) -> Result<Vec<(String, String)>> {
     items
         .iter()
-        .map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).with_context(|| format!("'{kv}' is not KEY=VALUE")))
+        .map(|kv| {
+            kv.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .with_context(|| format!("'{kv}' is not KEY=VALUE"))
+        })
         .collect()
 }
 
 fn write_json<T: Serialize>(value: &T, path: Option<&std::path::Path>) -> Result<()> {
     let text = serde_json::to_string_pretty(value)?;
     match path {
-        Some(p) => std::fs::write(p, text + "\n").with_context(|| format!("writing {}", p.display())),
+        Some(p) => {
+            std::fs::write(p, text + "\n").with_context(|| format!("writing {}", p.display()))
+        }
         None => {
             println!("{text}");
             Ok(())
@@ -279,15 +316,26 @@ fn write_json<T: Serialize>(value: &T, path: Option<&std::path::Path>) -> Result
 }
 
 fn unix_now() -> Duration {
-    SystemTime::now().duration_since(UNIX_EPOCH).expect("clock after 1970")
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
 }
 
-fn wait_for_leaders(conn: &mut wire::Conn, topic: &str, partitions: i32, timeout: Duration) -> Result<()> {
+fn wait_for_leaders(
+    conn: &mut wire::Conn,
+    topic: &str,
+    partitions: i32,
+    timeout: Duration,
+) -> Result<()> {
     let t = Instant::now();
     loop {
         let resp = conn.metadata(Some(&[topic.to_string()]))?;
         let ok = resp.topics.iter().any(|t| {
-            t.error_code == 0 && t.partitions.len() as i32 == partitions && t.partitions.iter().all(|p| p.error_code == 0 && p.leader_id.0 >= 0)
+            t.error_code == 0
+                && t.partitions.len() as i32 == partitions
+                && t.partitions
+                    .iter()
+                    .all(|p| p.error_code == 0 && p.leader_id.0 >= 0)
         });
         if ok {
             // Metadata may name a leader before that leader serves the partition: the first
@@ -354,14 +402,19 @@ fn run(a: RunArgs) -> Result<()> {
             prepared.push(consumer::prepare(o)?);
         }
     }
-    let timeline_seconds = (a.duration_s + a.drain_timeout_s + a.consume_timeout_s.max(30.0) + 60.0) as usize;
+    let timeline_seconds =
+        (a.duration_s + a.drain_timeout_s + a.consume_timeout_s.max(30.0) + 60.0) as usize;
     let plive = Arc::new(ProduceLive {
         acked: Timeline::new(timeline_seconds),
         sent_records: AtomicU64::new(0),
         acked_records: AtomicU64::new(0),
         error_records: AtomicU64::new(0),
     });
-    let clive = Arc::new(ConsumeLive { received: Timeline::new(timeline_seconds), records: AtomicU64::new(0), bytes: AtomicU64::new(0) });
+    let clive = Arc::new(ConsumeLive {
+        received: Timeline::new(timeline_seconds),
+        records: AtomicU64::new(0),
+        bytes: AtomicU64::new(0),
+    });
     let stop = Arc::new(AtomicBool::new(false));
     let finished = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
@@ -372,13 +425,24 @@ fn run(a: RunArgs) -> Result<()> {
         let o = consume_opts.clone().expect("consume options");
         let stop = stop.clone();
         let clive = clive.clone();
-        let window = if produce_opts.is_some() { (warmup, duration) } else { (Duration::ZERO, Duration::from_secs(u32::MAX as u64)) };
-        consumer_handles.push(thread::Builder::new().name("consumer".into()).spawn(move || {
-            consumer::run(p, &o, start, start_unix_us, window, &stop, clive)
-        })?);
+        let window = if produce_opts.is_some() {
+            (warmup, duration)
+        } else {
+            (Duration::ZERO, Duration::from_secs(u32::MAX as u64))
+        };
+        consumer_handles.push(
+            thread::Builder::new()
+                .name("consumer".into())
+                .spawn(move || consumer::run(p, &o, start, start_unix_us, window, &stop, clive))?,
+        );
     }
     let progress = {
-        let (plive, clive, finished, label) = (plive.clone(), clive.clone(), finished.clone(), a.label.clone());
+        let (plive, clive, finished, label) = (
+            plive.clone(),
+            clive.clone(),
+            finished.clone(),
+            a.label.clone(),
+        );
         let record_bytes = a.record_bytes as f64;
         thread::spawn(move || progress_line(&label, start, record_bytes, &plive, &clive, &finished))
     };
@@ -391,7 +455,10 @@ fn run(a: RunArgs) -> Result<()> {
     let mut consumers = Vec::new();
     let mut consumer_error = None;
     for h in consumer_handles {
-        match h.join().map_err(|_| anyhow::anyhow!("consumer thread panicked"))? {
+        match h
+            .join()
+            .map_err(|_| anyhow::anyhow!("consumer thread panicked"))?
+        {
             Ok(r) => consumers.push(r),
             Err(e) => consumer_error = Some(e),
         }
@@ -406,10 +473,26 @@ fn run(a: RunArgs) -> Result<()> {
         records: consumers.iter().map(|c| c.records).sum(),
         batch_bytes: consumers.iter().map(|c| c.batch_bytes).sum(),
         throughput_mbps: consumers.iter().map(|c| c.throughput_mbps).sum(),
-        e2e_p50_us_max: consumers.iter().map(|c| c.e2e_latency.p50_us).max().unwrap_or(0),
-        e2e_p99_us_max: consumers.iter().map(|c| c.e2e_latency.p99_us).max().unwrap_or(0),
-        e2e_p999_us_max: consumers.iter().map(|c| c.e2e_latency.p999_us).max().unwrap_or(0),
-        e2e_max_us: consumers.iter().map(|c| c.e2e_latency.max_us).max().unwrap_or(0),
+        e2e_p50_us_max: consumers
+            .iter()
+            .map(|c| c.e2e_latency.p50_us)
+            .max()
+            .unwrap_or(0),
+        e2e_p99_us_max: consumers
+            .iter()
+            .map(|c| c.e2e_latency.p99_us)
+            .max()
+            .unwrap_or(0),
+        e2e_p999_us_max: consumers
+            .iter()
+            .map(|c| c.e2e_latency.p999_us)
+            .max()
+            .unwrap_or(0),
+        e2e_max_us: consumers
+            .iter()
+            .map(|c| c.e2e_latency.max_us)
+            .max()
+            .unwrap_or(0),
         crc_errors: consumers.iter().map(|c| c.crc_errors).sum(),
         reached_end: consumers.iter().all(|c| c.reached_end),
     });
@@ -421,14 +504,25 @@ fn run(a: RunArgs) -> Result<()> {
         produce,
         consumers,
         consume_total,
-        consume_timeline: if a.consumers > 0 { clive.received.points(seconds) } else { Vec::new() },
+        consume_timeline: if a.consumers > 0 {
+            clive.received.points(seconds)
+        } else {
+            Vec::new()
+        },
     };
     write_json(&out, a.json.as_deref())
 }
 
 /// One status line a second: carriage-return updated on a terminal, a plain line every
 /// five seconds otherwise (the harness logs stderr).
-fn progress_line(label: &str, start: Instant, record_bytes: f64, p: &ProduceLive, c: &ConsumeLive, finished: &AtomicBool) {
+fn progress_line(
+    label: &str,
+    start: Instant,
+    record_bytes: f64,
+    p: &ProduceLive,
+    c: &ConsumeLive,
+    finished: &AtomicBool,
+) {
     let tty = std::io::stderr().is_terminal();
     let mut last_printed = 0u64;
     while !finished.load(Ordering::Relaxed) {
@@ -465,7 +559,13 @@ fn progress_line(label: &str, start: Instant, record_bytes: f64, p: &ProduceLive
     }
 }
 
-fn startup_probe(bootstrap: &str, topic: &str, create: bool, since_unix_ns: Option<u128>, timeout_s: f64) -> Result<()> {
+fn startup_probe(
+    bootstrap: &str,
+    topic: &str,
+    create: bool,
+    since_unix_ns: Option<u128>,
+    timeout_s: f64,
+) -> Result<()> {
     use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
     use kafka_protocol::messages::{ProduceRequest, TopicName};
     use kafka_protocol::protocol::StrBytes;
@@ -482,11 +582,21 @@ fn startup_probe(bootstrap: &str, topic: &str, create: bool, since_unix_ns: Opti
             let mut b = batch::BatchBuilder::new(1024);
             let now_us = unix_now().as_micros() as u64;
             b.append((now_us / 1000) as i64, now_us, &[0u8; 100]);
-            let req = ProduceRequest::default().with_acks(-1).with_timeout_ms(5_000).with_topic_data(vec![TopicProduceData::default()
-                .with_name(TopicName(StrBytes::from_string(topic.to_string())))
-                .with_partition_data(vec![PartitionProduceData::default().with_index(0).with_records(Some(b.finish()))])]);
+            let req = ProduceRequest::default()
+                .with_acks(-1)
+                .with_timeout_ms(5_000)
+                .with_topic_data(vec![TopicProduceData::default()
+                    .with_name(TopicName(StrBytes::from_string(topic.to_string())))
+                    .with_partition_data(vec![PartitionProduceData::default()
+                        .with_index(0)
+                        .with_records(Some(b.finish()))])]);
             let resp = conn.call(&req)?;
-            let code = resp.responses.first().and_then(|t| t.partition_responses.first()).map(|p| p.error_code).unwrap_or(-1);
+            let code = resp
+                .responses
+                .first()
+                .and_then(|t| t.partition_responses.first())
+                .map(|p| p.error_code)
+                .unwrap_or(-1);
             if code != 0 {
                 bail!("produce error {code} ({})", wire::error_name(code));
             }

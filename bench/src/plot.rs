@@ -78,7 +78,8 @@ fn percentile_label(x: f64) -> String {
 }
 
 pub fn render(spec_path: &Path, out_dir: &Path) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(spec_path).with_context(|| format!("reading {}", spec_path.display()))?;
+    let text = std::fs::read_to_string(spec_path)
+        .with_context(|| format!("reading {}", spec_path.display()))?;
     let spec: Spec = serde_json::from_str(&text).context("parsing the plot spec")?;
     std::fs::create_dir_all(out_dir)?;
     let mut written = Vec::new();
@@ -146,7 +147,9 @@ fn draw(p: &PlotSpec, path: &Path) -> Result<()> {
             chart
                 .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))?
                 .label(name.as_str())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
         }
         legend(&mut chart)?;
     } else {
@@ -158,13 +161,19 @@ fn draw(p: &PlotSpec, path: &Path) -> Result<()> {
             .x_label_area_size(45)
             .y_label_area_size(75)
             .build_cartesian_2d(x0..x1, 0f64..hi)?;
-        chart.configure_mesh().x_desc(p.x_label.as_str()).y_desc(p.y_label.as_str()).draw()?;
+        chart
+            .configure_mesh()
+            .x_desc(p.x_label.as_str())
+            .y_desc(p.y_label.as_str())
+            .draw()?;
         for (i, (name, pts)) in series.iter().enumerate() {
             let color = colour(i);
             chart
                 .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))?
                 .label(name.as_str())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
         }
         legend(&mut chart)?;
     }
@@ -172,7 +181,9 @@ fn draw(p: &PlotSpec, path: &Path) -> Result<()> {
     Ok(())
 }
 
-fn legend<'a, DB: DrawingBackend + 'a, CT: plotters::coord::CoordTranslate>(chart: &mut ChartContext<'a, DB, CT>) -> Result<()>
+fn legend<'a, DB: DrawingBackend + 'a, CT: plotters::coord::CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+) -> Result<()>
 where
     DB::ErrorType: 'static,
 {

@@ -145,7 +145,12 @@ struct WriterOut {
 }
 
 /// Runs the producers from `start` (shared with consumers) and returns what they measured.
-pub fn run(opts: &ProduceOpts, start: Instant, start_unix_us: u64, live: Arc<ProduceLive>) -> Result<ProduceResult> {
+pub fn run(
+    opts: &ProduceOpts,
+    start: Instant,
+    start_unix_us: u64,
+    live: Arc<ProduceLive>,
+) -> Result<ProduceResult> {
     let mut probe = Conn::connect(&opts.bootstrap, Duration::from_secs(10))?;
     let partitions = probe.partitions(&opts.topic)?;
     let api_versions = probe.versions_used();
@@ -155,27 +160,52 @@ pub fn run(opts: &ProduceOpts, start: Instant, start_unix_us: u64, live: Arc<Pro
     for _ in 0..producers {
         conns.push(Conn::connect(&opts.bootstrap, Duration::from_secs(10))?);
     }
-    let filler: Arc<Vec<u8>> = Arc::new(filler_bytes(opts.record_bytes.saturating_sub(PAYLOAD_HEADER_BYTES)));
+    let filler: Arc<Vec<u8>> = Arc::new(filler_bytes(
+        opts.record_bytes.saturating_sub(PAYLOAD_HEADER_BYTES),
+    ));
     // Every thread waits here so that connection set-up is not charged to the first records.
     let mut handles = Vec::new();
     for (j, conn) in conns.into_iter().enumerate() {
-        let mine: Vec<i32> = partitions.iter().copied().enumerate().filter(|(i, _)| i % producers == j).map(|(_, p)| p).collect();
+        let mine: Vec<i32> = partitions
+            .iter()
+            .copied()
+            .enumerate()
+            .filter(|(i, _)| i % producers == j)
+            .map(|(_, p)| p)
+            .collect();
         let opts = opts.clone();
         let live = live.clone();
         let filler = filler.clone();
         handles.push(
             thread::Builder::new()
                 .name(format!("producer-{j}"))
-                .spawn(move || producer(j, producers, conn, mine, &opts, start, start_unix_us, &filler, &live))?,
+                .spawn(move || {
+                    producer(
+                        j,
+                        producers,
+                        conn,
+                        mine,
+                        &opts,
+                        start,
+                        start_unix_us,
+                        &filler,
+                        &live,
+                    )
+                })?,
         );
     }
-    let mut result = ProduceResult { api_versions, ..Default::default() };
+    let mut result = ProduceResult {
+        api_versions,
+        ..Default::default()
+    };
     let mut histogram = stats::new_histogram();
     let mut errors = std::collections::BTreeMap::new();
     let mut batch_records = 0;
     let mut last_ack: Option<Instant> = None;
     for h in handles {
-        let (w, r) = h.join().map_err(|_| anyhow::anyhow!("producer thread panicked"))??;
+        let (w, r) = h
+            .join()
+            .map_err(|_| anyhow::anyhow!("producer thread panicked"))??;
         histogram.add(&r.histogram).context("merging histograms")?;
         result.intended_records += w.intended_in_window;
         result.unacked_at_deadline += w.unacked_at_deadline;
@@ -199,17 +229,29 @@ pub fn run(opts: &ProduceOpts, start: Instant, start_unix_us: u64, live: Arc<Pro
     result.target_mbps = opts.rate_rps * opts.record_bytes as f64 / 1e6;
     result.sent_records = live.sent_records.load(Ordering::Relaxed);
     result.error_records = live.error_records.load(Ordering::Relaxed);
-    result.errors = errors.into_iter().map(|(c, n)| (c, wire::error_name(c).to_string(), n)).collect();
+    result.errors = errors
+        .into_iter()
+        .map(|(c, n)| (c, wire::error_name(c).to_string(), n))
+        .collect();
     result.throughput_rps = result.acked_records as f64 / result.window_s.max(1e-9);
     result.throughput_mbps = result.throughput_rps * opts.record_bytes as f64 / 1e6;
     result.latency = LatencySummary::of(&histogram);
-    result.mean_batch_records = if result.batches > 0 { batch_records as f64 / result.batches as f64 } else { 0.0 };
+    result.mean_batch_records = if result.batches > 0 {
+        batch_records as f64 / result.batches as f64
+    } else {
+        0.0
+    };
     result.saturated = result.unacked_at_deadline > 0
         || (opts.rate_rps > 0.0 && result.throughput_rps < 0.95 * opts.rate_rps)
         || result.error_records > 0;
     result.elapsed_s = start.elapsed().as_secs_f64();
     let seconds = result.elapsed_s.ceil() as usize;
-    result.timeline = live.acked.points(seconds).into_iter().map(|(s, r, _)| (s, r, r * opts.record_bytes as u64)).collect();
+    result.timeline = live
+        .acked
+        .points(seconds)
+        .into_iter()
+        .map(|(s, r, _)| (s, r, r * opts.record_bytes as u64))
+        .collect();
     Ok(result)
 }
 
@@ -238,14 +280,31 @@ fn producer(
     filler: &[u8],
     live: &ProduceLive,
 ) -> Result<(WriterOut, ReaderOut)> {
-    let in_flight = InFlight { count: Mutex::new(0), changed: Condvar::new() };
+    let in_flight = InFlight {
+        count: Mutex::new(0),
+        changed: Condvar::new(),
+    };
     let (tx, rx) = mpsc::channel::<SentRequest>();
     let reader_stream = conn.stream.try_clone()?;
     let in_flight = &in_flight;
     thread::scope(|s| -> Result<(WriterOut, ReaderOut)> {
         let r = s.spawn(move || read_responses(reader_stream, rx, in_flight, opts, start, live));
-        let w = write_requests(index, producers, conn, &partitions, opts, start, start_unix_us, filler, live, tx, in_flight);
-        let r = r.join().map_err(|_| anyhow::anyhow!("reader thread panicked"))?;
+        let w = write_requests(
+            index,
+            producers,
+            conn,
+            &partitions,
+            opts,
+            start,
+            start_unix_us,
+            filler,
+            live,
+            tx,
+            in_flight,
+        );
+        let r = r
+            .join()
+            .map_err(|_| anyhow::anyhow!("reader thread panicked"))?;
         Ok((w?, r?))
     })
 }
@@ -276,7 +335,8 @@ fn write_requests(
 
     // Each producer stops generating after its share of `records_max` (0 = no cap).
     let records_cap = if opts.records_max > 0 {
-        opts.records_max / producers as u64 + u64::from((index as u64) < opts.records_max % producers as u64)
+        opts.records_max / producers as u64
+            + u64::from((index as u64) < opts.records_max % producers as u64)
     } else {
         u64::MAX
     };
@@ -291,7 +351,11 @@ fn write_requests(
 
         // Generate every record that is due and fits in the buffer.
         while !generation_done {
-            let intended_ns = if interval_ns > 0.0 { (phase_ns + next_k as f64 * interval_ns) as u64 } else { now_ns };
+            let intended_ns = if interval_ns > 0.0 {
+                (phase_ns + next_k as f64 * interval_ns) as u64
+            } else {
+                now_ns
+            };
             if intended_ns >= duration_ns || next_k >= records_cap {
                 generation_done = true;
                 break;
@@ -303,7 +367,10 @@ fn write_requests(
                 Partitioner::Sticky => acc.sticky,
                 Partitioner::RoundRobin => (next_k as usize) % partitions.len(),
             };
-            if acc.open[slot].as_ref().is_some_and(|o| o.builder.bytes() + record_bytes_max > opts.batch_bytes) {
+            if acc.open[slot]
+                .as_ref()
+                .is_some_and(|o| o.builder.bytes() + record_bytes_max > opts.batch_bytes)
+            {
                 acc.close(slot);
                 if opts.partitioner == Partitioner::Sticky {
                     continue;
@@ -324,21 +391,38 @@ fn write_requests(
         // Send while the connection has room.
         while !acc.ready.is_empty() && *in_flight.count.lock().unwrap() < opts.max_in_flight {
             let (taken, bytes) = acc.drain(opts.request_bytes_max);
-            let req = ProduceRequest::default().with_acks(opts.acks).with_timeout_ms(opts.request_timeout_ms).with_topic_data(vec![
-                TopicProduceData::default().with_name(topic.clone()).with_partition_data(
-                    taken
-                        .iter()
-                        .map(|b| PartitionProduceData::default().with_index(b.partition).with_records(Some(b.data.clone())))
-                        .collect(),
-                ),
-            ]);
+            let req = ProduceRequest::default()
+                .with_acks(opts.acks)
+                .with_timeout_ms(opts.request_timeout_ms)
+                .with_topic_data(vec![TopicProduceData::default()
+                    .with_name(topic.clone())
+                    .with_partition_data(
+                        taken
+                            .iter()
+                            .map(|b| {
+                                PartitionProduceData::default()
+                                    .with_index(b.partition)
+                                    .with_records(Some(b.data.clone()))
+                            })
+                            .collect(),
+                    )]);
             let (correlation_id, version, frame) = conn.encode(&req)?;
             let records: u64 = taken.iter().map(|b| b.intended_ns.len() as u64).sum();
             acc.buffered_bytes -= bytes;
             *in_flight.count.lock().unwrap() += 1;
-            let sent = SentRequest { correlation_id, version, batches: taken.into_iter().map(|b| (b.partition, b.intended_ns)).collect() };
-            tx.send(sent).map_err(|_| anyhow::anyhow!("response reader stopped"))?;
-            conn.stream.write_all(&frame).context("writing a produce request")?;
+            let sent = SentRequest {
+                correlation_id,
+                version,
+                batches: taken
+                    .into_iter()
+                    .map(|b| (b.partition, b.intended_ns))
+                    .collect(),
+            };
+            tx.send(sent)
+                .map_err(|_| anyhow::anyhow!("response reader stopped"))?;
+            conn.stream
+                .write_all(&frame)
+                .context("writing a produce request")?;
             live.sent_records.fetch_add(records, Ordering::Relaxed);
         }
 
@@ -350,14 +434,18 @@ fn write_requests(
             break;
         }
 
-        // Sleep until the next thing to do: a record due, a linger expiring, a response.
+        // Sleep until the next thing to do: a record due (if the buffer has room for it), a
+        // linger expiring, a response (which frees a request slot and buffer space). Never
+        // spin: on a 2-core machine a busy client takes CPU from the broker it measures.
+        let buffer_has_room = acc.buffered_bytes + record_bytes_max <= opts.buffer_bytes;
         let mut wake = now + Duration::from_millis(5);
-        if !generation_done && interval_ns > 0.0 {
-            let next = start + Duration::from_nanos((phase_ns + next_k as f64 * interval_ns) as u64);
+        if !generation_done && buffer_has_room {
+            let next = if interval_ns > 0.0 {
+                start + Duration::from_nanos((phase_ns + next_k as f64 * interval_ns) as u64)
+            } else {
+                now
+            };
             wake = wake.min(next);
-        }
-        if interval_ns == 0.0 && !generation_done && acc.buffered_bytes + record_bytes_max <= opts.buffer_bytes {
-            wake = now;
         }
         if let Some(created) = acc.oldest_created() {
             wake = wake.min(created + opts.linger);
@@ -365,10 +453,12 @@ fn write_requests(
         let now = Instant::now();
         if wake > now {
             let count = in_flight.count.lock().unwrap();
-            if !acc.ready.is_empty() && *count >= opts.max_in_flight {
+            if !acc.ready.is_empty() && *count < opts.max_in_flight {
+                // A response came in since the send loop: send at once.
+            } else if *count > 0 && (*count >= opts.max_in_flight || !buffer_has_room) {
                 // Waiting for a response frees a slot; wake on it or on the timer.
                 let _ = in_flight.changed.wait_timeout(count, wake - now).unwrap();
-            } else if acc.ready.is_empty() || *count >= opts.max_in_flight {
+            } else {
                 drop(count);
                 thread::sleep(wake - now);
             }
@@ -385,7 +475,11 @@ fn write_requests(
             if now >= deadline {
                 break;
             }
-            count = in_flight.changed.wait_timeout(count, deadline - now).unwrap().0;
+            count = in_flight
+                .changed
+                .wait_timeout(count, deadline - now)
+                .unwrap()
+                .0;
         }
     }
     // Records still in the producer at the deadline: never sent, or sent and unanswered.
@@ -396,8 +490,13 @@ fn write_requests(
         unacked += o.intended_ns.iter().filter(|t| **t >= warmup_ns).count() as u64;
     }
     if interval_ns > 0.0 && !generation_done {
-        let total = (((duration_ns as f64 - phase_ns) / interval_ns).ceil().max(0.0) as u64).min(records_cap);
-        let first_in_window = ((warmup_ns as f64 - phase_ns) / interval_ns).ceil().max(0.0) as u64;
+        let total = (((duration_ns as f64 - phase_ns) / interval_ns)
+            .ceil()
+            .max(0.0) as u64)
+            .min(records_cap);
+        let first_in_window = ((warmup_ns as f64 - phase_ns) / interval_ns)
+            .ceil()
+            .max(0.0) as u64;
         let never_made = total.saturating_sub(next_k.max(first_in_window));
         unacked += never_made;
         intended_in_window += never_made;
@@ -406,7 +505,10 @@ fn write_requests(
         // Unanswered requests at the deadline: shut the socket so the reader returns.
         let _ = conn.stream.shutdown(std::net::Shutdown::Both);
     }
-    Ok(WriterOut { intended_in_window, unacked_at_deadline: unacked })
+    Ok(WriterOut {
+        intended_in_window,
+        unacked_at_deadline: unacked,
+    })
 }
 
 struct OpenBatch {
@@ -444,17 +546,29 @@ impl<'a> Accumulator<'a> {
         }
     }
 
-    fn append(&mut self, slot: usize, now: Instant, intended_ns: u64, send_unix_us: u64, filler: &[u8]) {
+    fn append(
+        &mut self,
+        slot: usize,
+        now: Instant,
+        intended_ns: u64,
+        send_unix_us: u64,
+        filler: &[u8],
+    ) {
         if self.open[slot].is_none() {
             let builder = BatchBuilder::new(self.batch_bytes);
             self.buffered_bytes += builder.bytes();
-            self.open[slot] = Some(OpenBatch { builder, created: now, intended_ns: Vec::new() });
+            self.open[slot] = Some(OpenBatch {
+                builder,
+                created: now,
+                intended_ns: Vec::new(),
+            });
             self.open_count += 1;
             self.open_order.push_back((slot, now));
         }
         let o = self.open[slot].as_mut().expect("open batch");
         let before = o.builder.bytes();
-        o.builder.append((send_unix_us / 1000) as i64, send_unix_us, filler);
+        o.builder
+            .append((send_unix_us / 1000) as i64, send_unix_us, filler);
         self.buffered_bytes += o.builder.bytes() - before;
         o.intended_ns.push(intended_ns);
     }
@@ -463,14 +577,20 @@ impl<'a> Accumulator<'a> {
         let o = self.open[slot].take().expect("open batch");
         self.open_count -= 1;
         let data = o.builder.finish();
-        self.ready.push_back(ReadyBatch { partition: self.partitions[slot], data, intended_ns: o.intended_ns });
+        self.ready.push_back(ReadyBatch {
+            partition: self.partitions[slot],
+            data,
+            intended_ns: o.intended_ns,
+        });
         if slot == self.sticky {
             self.sticky = (self.sticky + 1) % self.partitions.len();
         }
     }
 
     fn is_current(&self, slot: usize, created: Instant) -> bool {
-        self.open[slot].as_ref().is_some_and(|o| o.created == created)
+        self.open[slot]
+            .as_ref()
+            .is_some_and(|o| o.created == created)
     }
 
     /// The slot of the oldest open batch if its linger has passed (or `all`).
@@ -566,7 +686,8 @@ fn read_responses(
             }
         };
         let acked_at = Instant::now();
-        let resp = wire::decode_response::<ProduceRequest>(body, sent.correlation_id, sent.version)?;
+        let resp =
+            wire::decode_response::<ProduceRequest>(body, sent.correlation_id, sent.version)?;
         codes.clear();
         for t in &resp.responses {
             for p in &t.partition_responses {
@@ -577,18 +698,26 @@ fn read_responses(
         let in_window = acked_at >= warmup_end && acked_at < window_end;
         let mut acked_records = 0u64;
         for (partition, times) in &sent.batches {
-            let code = codes.iter().find(|(p, _)| p == partition).map(|(_, c)| *c).unwrap_or(-1);
+            let code = codes
+                .iter()
+                .find(|(p, _)| p == partition)
+                .map(|(_, c)| *c)
+                .unwrap_or(-1);
             out.batches += 1;
             out.batch_records += times.len() as u64;
             if code != 0 {
                 *out.errors.entry(code).or_insert(0) += times.len() as u64;
-                live.error_records.fetch_add(times.len() as u64, Ordering::Relaxed);
+                live.error_records
+                    .fetch_add(times.len() as u64, Ordering::Relaxed);
                 continue;
             }
             acked_records += times.len() as u64;
             for &t in times {
                 if t >= warmup_ns && t < duration_ns {
-                    stats::record_us(&mut out.histogram, Duration::from_nanos(acked_ns.saturating_sub(t)));
+                    stats::record_us(
+                        &mut out.histogram,
+                        Duration::from_nanos(acked_ns.saturating_sub(t)),
+                    );
                 }
             }
         }
@@ -598,7 +727,8 @@ fn read_responses(
         out.last_ack = Some(acked_at);
         out.produce_requests += 1;
         live.acked.add(acked_at - start, acked_records, 0);
-        live.acked_records.fetch_add(acked_records, Ordering::Relaxed);
+        live.acked_records
+            .fetch_add(acked_records, Ordering::Relaxed);
         let mut count = in_flight.count.lock().unwrap();
         *count -= 1;
         in_flight.changed.notify_all();

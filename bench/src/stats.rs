@@ -11,8 +11,9 @@ use serde::Serialize;
 pub const LATENCY_US_MAX: u64 = 3_600_000_000;
 
 /// Percentiles of the latency curves in the JSON (and the plots).
-pub const CURVE_PERCENTILES: &[f64] =
-    &[0.0, 10.0, 25.0, 50.0, 75.0, 90.0, 95.0, 99.0, 99.5, 99.9, 99.95, 99.99, 99.995, 99.999, 100.0];
+pub const CURVE_PERCENTILES: &[f64] = &[
+    0.0, 10.0, 25.0, 50.0, 75.0, 90.0, 95.0, 99.0, 99.5, 99.9, 99.95, 99.99, 99.995, 99.999, 100.0,
+];
 
 pub fn new_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, LATENCY_US_MAX, 3).expect("valid histogram bounds")
@@ -51,7 +52,10 @@ impl LatencySummary {
             p999_us: h.value_at_quantile(0.999),
             p9999_us: h.value_at_quantile(0.9999),
             max_us: h.max(),
-            curve: CURVE_PERCENTILES.iter().map(|p| (*p, h.value_at_quantile(p / 100.0))).collect(),
+            curve: CURVE_PERCENTILES
+                .iter()
+                .map(|p| (*p, h.value_at_quantile(p / 100.0)))
+                .collect(),
         }
     }
 }
@@ -80,7 +84,10 @@ impl Timeline {
         if i >= self.records.len() {
             return (0, 0);
         }
-        (self.records[i].load(Ordering::Relaxed), self.bytes[i].load(Ordering::Relaxed))
+        (
+            self.records[i].load(Ordering::Relaxed),
+            self.bytes[i].load(Ordering::Relaxed),
+        )
     }
 
     /// (second, records, bytes) for the first `seconds` seconds.

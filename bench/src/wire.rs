@@ -17,8 +17,9 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context, Result};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{
-    ApiKey, ApiVersionsRequest, ApiVersionsResponse, CreateTopicsRequest, CreateTopicsResponse, ListOffsetsRequest,
-    ListOffsetsResponse, MetadataRequest, MetadataResponse, RequestHeader, TopicName,
+    ApiKey, ApiVersionsRequest, ApiVersionsResponse, CreateTopicsRequest, CreateTopicsResponse,
+    ListOffsetsRequest, ListOffsetsResponse, MetadataRequest, MetadataResponse, RequestHeader,
+    TopicName,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Message, Request, StrBytes};
 
@@ -93,10 +94,16 @@ impl Conn {
             .with_context(|| format!("resolving {bootstrap}"))?
             .next()
             .with_context(|| format!("{bootstrap} resolves to nothing"))?;
-        let stream = TcpStream::connect_timeout(&addr, timeout).with_context(|| format!("connecting to {addr}"))?;
+        let stream = TcpStream::connect_timeout(&addr, timeout)
+            .with_context(|| format!("connecting to {addr}"))?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(Duration::from_secs(60)))?;
-        let mut conn = Conn { stream, addr, correlation_id: 0, versions: HashMap::new() };
+        let mut conn = Conn {
+            stream,
+            addr,
+            correlation_id: 0,
+            versions: HashMap::new(),
+        };
         conn.negotiate()?;
         Ok(conn)
     }
@@ -109,12 +116,24 @@ impl Conn {
         // answers with v0 framing and UNSUPPORTED_VERSION, which a real client then retries.
         self.versions.insert(ApiKey::ApiVersions as i16, 3);
         let resp: ApiVersionsResponse = self.call(&req)?;
-        ensure!(resp.error_code == 0, "ApiVersions failed: error {}", resp.error_code);
+        ensure!(
+            resp.error_code == 0,
+            "ApiVersions failed: error {}",
+            resp.error_code
+        );
         for k in &resp.api_keys {
-            let Ok(key) = ApiKey::try_from(k.api_key) else { continue };
+            let Ok(key) = ApiKey::try_from(k.api_key) else {
+                continue;
+            };
             let ours = key_range(key);
-            let Some((ours_min, ours_max)) = ours else { continue };
-            let cap = VERSION_CAPS.iter().find(|(c, _)| *c == key).map(|(_, v)| *v).unwrap_or(ours_max);
+            let Some((ours_min, ours_max)) = ours else {
+                continue;
+            };
+            let cap = VERSION_CAPS
+                .iter()
+                .find(|(c, _)| *c == key)
+                .map(|(_, v)| *v)
+                .unwrap_or(ours_max);
             let v = k.max_version.min(ours_max).min(cap);
             if v >= k.min_version && v >= ours_min {
                 self.versions.insert(k.api_key, v);
@@ -131,17 +150,28 @@ impl Conn {
     }
 
     pub fn versions_used(&self) -> Vec<(String, i16)> {
-        let mut v: Vec<(String, i16)> = [ApiKey::Produce, ApiKey::Fetch, ApiKey::Metadata, ApiKey::ListOffsets, ApiKey::CreateTopics]
-            .iter()
-            .filter_map(|k| self.versions.get(&(*k as i16)).map(|v| (format!("{k:?}"), *v)))
-            .collect();
+        let mut v: Vec<(String, i16)> = [
+            ApiKey::Produce,
+            ApiKey::Fetch,
+            ApiKey::Metadata,
+            ApiKey::ListOffsets,
+            ApiKey::CreateTopics,
+        ]
+        .iter()
+        .filter_map(|k| {
+            self.versions
+                .get(&(*k as i16))
+                .map(|v| (format!("{k:?}"), *v))
+        })
+        .collect();
         v.sort();
         v
     }
 
     /// Encodes `req` as one length-prefixed frame; returns the frame and its correlation id.
     pub fn encode<R: Request>(&mut self, req: &R) -> Result<(i32, i16, BytesMut)> {
-        let key = ApiKey::try_from(R::KEY).map_err(|_| anyhow::anyhow!("unknown api key {}", R::KEY))?;
+        let key =
+            ApiKey::try_from(R::KEY).map_err(|_| anyhow::anyhow!("unknown api key {}", R::KEY))?;
         let version = self.version(key)?;
         self.correlation_id = self.correlation_id.wrapping_add(1);
         let header = RequestHeader::default()
@@ -167,22 +197,32 @@ impl Conn {
     }
 
     pub fn metadata(&mut self, topics: Option<&[String]>) -> Result<MetadataResponse> {
-        let req = MetadataRequest::default().with_allow_auto_topic_creation(false).with_topics(topics.map(|ts| {
-            ts.iter()
-                .map(|t| {
-                    kafka_protocol::messages::metadata_request::MetadataRequestTopic::default()
-                        .with_name(Some(TopicName(StrBytes::from_string(t.clone()))))
-                })
-                .collect()
-        }));
+        let req = MetadataRequest::default()
+            .with_allow_auto_topic_creation(false)
+            .with_topics(topics.map(|ts| {
+                ts.iter()
+                    .map(|t| {
+                        kafka_protocol::messages::metadata_request::MetadataRequestTopic::default()
+                            .with_name(Some(TopicName(StrBytes::from_string(t.clone()))))
+                    })
+                    .collect()
+            }));
         self.call(&req)
     }
 
     /// Partitions of `topic` and their count, or an error if the topic is unknown.
     pub fn partitions(&mut self, topic: &str) -> Result<Vec<i32>> {
         let resp = self.metadata(Some(&[topic.to_string()]))?;
-        let t = resp.topics.first().context("metadata response without topics")?;
-        ensure!(t.error_code == 0, "metadata for {topic}: error {} ({})", t.error_code, error_name(t.error_code));
+        let t = resp
+            .topics
+            .first()
+            .context("metadata response without topics")?;
+        ensure!(
+            t.error_code == 0,
+            "metadata for {topic}: error {} ({})",
+            t.error_code,
+            error_name(t.error_code)
+        );
         let mut ps: Vec<i32> = t.partitions.iter().map(|p| p.partition_index).collect();
         ps.sort();
         ensure!(!ps.is_empty(), "topic {topic} has no partitions");
@@ -190,18 +230,27 @@ impl Conn {
     }
 
     /// Creates `topic`; an existing topic with the same partition count is fine.
-    pub fn create_topic(&mut self, topic: &str, partitions: i32, configs: &[(String, String)], timeout_ms: i32) -> Result<()> {
+    pub fn create_topic(
+        &mut self,
+        topic: &str,
+        partitions: i32,
+        configs: &[(String, String)],
+        timeout_ms: i32,
+    ) -> Result<()> {
         use kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic;
         use kafka_protocol::messages::{CreatePartitionsRequest, CreatePartitionsResponse};
         let first = partitions.min(PARTITIONS_PER_REQUEST_MAX);
         self.create_topic_once(topic, first, configs, timeout_ms)?;
-        let mut count = self.wait_partitions(topic, first, Duration::from_millis(timeout_ms as u64))?;
+        let mut count =
+            self.wait_partitions(topic, first, Duration::from_millis(timeout_ms as u64))?;
         while count < partitions {
             let next = (count + PARTITIONS_PER_REQUEST_MAX).min(partitions);
-            let req = CreatePartitionsRequest::default().with_timeout_ms(timeout_ms).with_topics(vec![CreatePartitionsTopic::default()
-                .with_name(TopicName(StrBytes::from_string(topic.to_string())))
-                .with_count(next)
-                .with_assignments(None)]);
+            let req = CreatePartitionsRequest::default()
+                .with_timeout_ms(timeout_ms)
+                .with_topics(vec![CreatePartitionsTopic::default()
+                    .with_name(TopicName(StrBytes::from_string(topic.to_string())))
+                    .with_count(next)
+                    .with_assignments(None)]);
             let resp: CreatePartitionsResponse = self.call(&req)?;
             for r in &resp.results {
                 ensure!(
@@ -223,15 +272,26 @@ impl Conn {
         loop {
             match self.partitions(topic) {
                 Ok(ps) if ps.len() as i32 >= count => return Ok(ps.len() as i32),
-                Ok(ps) if t.elapsed() > timeout => bail!("topic {topic} has {} partitions after {timeout:?}, expected {count}", ps.len()),
+                Ok(ps) if t.elapsed() > timeout => bail!(
+                    "topic {topic} has {} partitions after {timeout:?}, expected {count}",
+                    ps.len()
+                ),
                 Err(e) if t.elapsed() > timeout => return Err(e),
                 _ => std::thread::sleep(Duration::from_millis(50)),
             }
         }
     }
 
-    fn create_topic_once(&mut self, topic: &str, partitions: i32, configs: &[(String, String)], timeout_ms: i32) -> Result<()> {
-        use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
+    fn create_topic_once(
+        &mut self,
+        topic: &str,
+        partitions: i32,
+        configs: &[(String, String)],
+        timeout_ms: i32,
+    ) -> Result<()> {
+        use kafka_protocol::messages::create_topics_request::{
+            CreatableTopic, CreatableTopicConfig,
+        };
         let t = CreatableTopic::default()
             .with_name(TopicName(StrBytes::from_string(topic.to_string())))
             .with_num_partitions(partitions)
@@ -246,7 +306,9 @@ impl Conn {
                     })
                     .collect(),
             );
-        let req = CreateTopicsRequest::default().with_topics(vec![t]).with_timeout_ms(timeout_ms);
+        let req = CreateTopicsRequest::default()
+            .with_topics(vec![t])
+            .with_timeout_ms(timeout_ms);
         let resp: CreateTopicsResponse = self.call(&req)?;
         for r in &resp.topics {
             match r.error_code {
@@ -264,7 +326,12 @@ impl Conn {
 
     /// Offsets of `partitions` at `timestamp` (-2 earliest, -1 latest). Retries for a while
     /// on the errors a new topic gives before its partitions are ready on the broker.
-    pub fn list_offsets(&mut self, topic: &str, partitions: &[i32], timestamp: i64) -> Result<HashMap<i32, i64>> {
+    pub fn list_offsets(
+        &mut self,
+        topic: &str,
+        partitions: &[i32],
+        timestamp: i64,
+    ) -> Result<HashMap<i32, i64>> {
         let t = std::time::Instant::now();
         loop {
             match self.list_offsets_once(topic, partitions, timestamp) {
@@ -276,15 +343,31 @@ impl Conn {
         }
     }
 
-    fn list_offsets_once(&mut self, topic: &str, partitions: &[i32], timestamp: i64) -> Result<HashMap<i32, i64>> {
-        use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
-        let t = ListOffsetsTopic::default().with_name(TopicName(StrBytes::from_string(topic.to_string()))).with_partitions(
-            partitions
-                .iter()
-                .map(|p| ListOffsetsPartition::default().with_partition_index(*p).with_timestamp(timestamp).with_current_leader_epoch(-1))
-                .collect(),
-        );
-        let req = ListOffsetsRequest::default().with_replica_id(kafka_protocol::messages::BrokerId(-1)).with_topics(vec![t]);
+    fn list_offsets_once(
+        &mut self,
+        topic: &str,
+        partitions: &[i32],
+        timestamp: i64,
+    ) -> Result<HashMap<i32, i64>> {
+        use kafka_protocol::messages::list_offsets_request::{
+            ListOffsetsPartition, ListOffsetsTopic,
+        };
+        let t = ListOffsetsTopic::default()
+            .with_name(TopicName(StrBytes::from_string(topic.to_string())))
+            .with_partitions(
+                partitions
+                    .iter()
+                    .map(|p| {
+                        ListOffsetsPartition::default()
+                            .with_partition_index(*p)
+                            .with_timestamp(timestamp)
+                            .with_current_leader_epoch(-1)
+                    })
+                    .collect(),
+            );
+        let req = ListOffsetsRequest::default()
+            .with_replica_id(kafka_protocol::messages::BrokerId(-1))
+            .with_topics(vec![t]);
         let resp: ListOffsetsResponse = self.call(&req)?;
         let mut out = HashMap::new();
         for t in &resp.topics {
@@ -297,11 +380,22 @@ impl Conn {
                         error_name(p.error_code)
                     ))));
                 }
-                ensure!(p.error_code == 0, "ListOffsets {topic}-{}: error {} ({})", p.partition_index, p.error_code, error_name(p.error_code));
+                ensure!(
+                    p.error_code == 0,
+                    "ListOffsets {topic}-{}: error {} ({})",
+                    p.partition_index,
+                    p.error_code,
+                    error_name(p.error_code)
+                );
                 out.insert(p.partition_index, p.offset);
             }
         }
-        ensure!(out.len() == partitions.len(), "ListOffsets answered {} of {} partitions", out.len(), partitions.len());
+        ensure!(
+            out.len() == partitions.len(),
+            "ListOffsets answered {} of {} partitions",
+            out.len(),
+            partitions.len()
+        );
         Ok(out)
     }
 }
@@ -309,26 +403,41 @@ impl Conn {
 /// Reads one length-prefixed frame and returns its body (response header + message).
 pub fn read_frame(stream: &mut impl Read) -> Result<Bytes> {
     let mut len = [0u8; 4];
-    stream.read_exact(&mut len).context("reading frame length")?;
+    stream
+        .read_exact(&mut len)
+        .context("reading frame length")?;
     let len = i32::from_be_bytes(len);
-    ensure!(len >= 4 && (len as usize) <= RESPONSE_FRAME_BYTES_MAX, "bad response frame length {len}");
+    ensure!(
+        len >= 4 && (len as usize) <= RESPONSE_FRAME_BYTES_MAX,
+        "bad response frame length {len}"
+    );
     let mut body = vec![0u8; len as usize];
     stream.read_exact(&mut body).context("reading frame body")?;
     Ok(Bytes::from(body))
 }
 
-pub fn decode_response<R: Request>(mut body: Bytes, correlation_id: i32, version: i16) -> Result<R::Response> {
+pub fn decode_response<R: Request>(
+    mut body: Bytes,
+    correlation_id: i32,
+    version: i16,
+) -> Result<R::Response> {
     let header_version = <R::Response as HeaderVersion>::header_version(version);
     ensure!(body.remaining() >= 4, "response shorter than its header");
     let got = body.get_i32();
-    ensure!(got == correlation_id, "response correlation id {got}, expected {correlation_id}");
+    ensure!(
+        got == correlation_id,
+        "response correlation id {got}, expected {correlation_id}"
+    );
     if header_version >= 1 {
         // Flexible response header: tagged fields, almost always none.
         let n = read_unsigned_varint(&mut body)?;
         for _ in 0..n {
             let _tag = read_unsigned_varint(&mut body)?;
             let size = read_unsigned_varint(&mut body)? as usize;
-            ensure!(body.remaining() >= size, "truncated tagged field in response header");
+            ensure!(
+                body.remaining() >= size,
+                "truncated tagged field in response header"
+            );
             body.advance(size);
         }
     }

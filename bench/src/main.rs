@@ -447,10 +447,9 @@ fn run(a: RunArgs) -> Result<()> {
         thread::spawn(move || progress_line(&label, start, record_bytes, &plive, &clive, &finished))
     };
 
-    let produce = match &produce_opts {
-        Some(o) => Some(producer::run(o, start, start_unix_us, plive.clone())),
-        None => None,
-    };
+    let produce = produce_opts
+        .as_ref()
+        .map(|o| producer::run(o, start, start_unix_us, plive.clone()));
     stop.store(true, Ordering::Relaxed);
     let mut consumers = Vec::new();
     let mut consumer_error = None;

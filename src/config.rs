@@ -488,6 +488,9 @@ impl BrokerConfig {
     /// Applies settings in order; later ones win. Unknown keys are an error.
     pub fn apply(&mut self, settings: &[(String, String)]) -> anyhow::Result<()> {
         let mut advertised_set = false;
+        // (precedence, value); 0 = not set.
+        let mut retention: (u8, i64) = (0, 0);
+        let mut roll: (u8, i64) = (0, 0);
         for (key, value) in settings {
             let v = value.as_str();
             let int = |min: i64, max: i64| -> anyhow::Result<i64> {
@@ -552,21 +555,19 @@ impl BrokerConfig {
                 "log.retention.check.interval.ms" => {
                     self.retention_check_interval_ms = int(1, i64::MAX)? as u64
                 }
-                "log.retention.minutes" => self.set_topic_default(
-                    "retention.ms",
-                    &(int(-1, i64::MAX / 60_000)? * 60_000).to_string(),
-                    key,
-                )?,
-                "log.retention.hours" => self.set_topic_default(
-                    "retention.ms",
-                    &(int(-1, i64::MAX / 3_600_000)? * 3_600_000).to_string(),
-                    key,
-                )?,
-                "log.roll.hours" => self.set_topic_default(
-                    "segment.ms",
-                    &(int(1, i64::MAX / 3_600_000)? * 3_600_000).to_string(),
-                    key,
-                )?,
+                // Kafka's precedence: log.retention.ms over .minutes over .hours, and
+                // log.roll.ms over log.roll.hours, whatever the order they appear in.
+                "log.retention.minutes" => {
+                    let n = int(-1, i64::MAX / 60_000)?;
+                    prefer(&mut retention, 2, if n < 0 { -1 } else { n * 60_000 });
+                }
+                "log.retention.hours" => {
+                    let n = int(-1, i64::MAX / 3_600_000)?;
+                    prefer(&mut retention, 1, if n < 0 { -1 } else { n * 3_600_000 });
+                }
+                "log.retention.ms" => prefer(&mut retention, 3, int(-1, i64::MAX)?),
+                "log.roll.hours" => prefer(&mut roll, 1, int(1, i64::MAX / 3_600_000)? * 3_600_000),
+                "log.roll.ms" => prefer(&mut roll, 2, int(1, i64::MAX)?),
                 k if IGNORED_BROKER_KEYS.contains(&k) => {
                     tracing::warn!(
                         key = k,
@@ -583,6 +584,12 @@ impl BrokerConfig {
                 }
             }
         }
+        if retention.0 > 0 {
+            self.set_topic_default("retention.ms", &retention.1.to_string(), "log.retention.*")?;
+        }
+        if roll.0 > 0 {
+            self.set_topic_default("segment.ms", &roll.1.to_string(), "log.roll.*")?;
+        }
         Ok(())
     }
 
@@ -596,6 +603,13 @@ impl BrokerConfig {
         validate_value(def, value).map_err(|e| anyhow::anyhow!("{key}: {e}"))?;
         self.topic_defaults.insert(def.name, value.to_string());
         Ok(())
+    }
+}
+
+/// Keeps `value` unless a key of higher precedence already set one; among equals, the last wins.
+fn prefer(slot: &mut (u8, i64), precedence: u8, value: i64) {
+    if precedence >= slot.0 {
+        *slot = (precedence, value);
     }
 }
 
@@ -674,6 +688,18 @@ mod tests {
         assert!(c
             .apply(&[("log.segment.bytes".into(), "5".into())])
             .is_err());
+        c.apply(&[
+            ("log.retention.ms".into(), "5000".into()),
+            ("log.retention.hours".into(), "-1".into()),
+        ])
+        .unwrap();
+        assert_eq!(
+            c.topic_defaults["retention.ms"], "5000",
+            "ms wins over hours"
+        );
+        c.apply(&[("log.retention.hours".into(), "-1".into())])
+            .unwrap();
+        assert_eq!(c.topic_defaults["retention.ms"], "-1");
         assert!(c
             .apply(&[("num.partitions".into(), "zero".into())])
             .is_err());

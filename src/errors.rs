@@ -38,6 +38,8 @@ pub enum BrokerError {
         message: String,
         records: Vec<(i32, String)>,
     },
+    #[error("Messages are rejected since there are fewer in-sync replicas than required.")]
+    NotEnoughReplicas,
     #[error("The transactional id is not authorized for this operation.")]
     TransactionalIdAuthorizationFailed,
     #[error("The producer attempted a transactional operation in an invalid state.")]
@@ -98,6 +100,7 @@ pub fn kafka_error(e: &BrokerError) -> ResponseError {
             ResponseError::TransactionalIdAuthorizationFailed
         }
         BrokerError::InvalidTxnState => ResponseError::InvalidTxnState,
+        BrokerError::NotEnoughReplicas => ResponseError::NotEnoughReplicas,
         BrokerError::OutOfOrderSequence => ResponseError::OutOfOrderSequenceNumber,
         BrokerError::InvalidProducerEpoch => ResponseError::InvalidProducerEpoch,
         BrokerError::InvalidRequiredAcks => ResponseError::InvalidRequiredAcks,
@@ -128,6 +131,7 @@ mod tests {
                 },
                 32,
             ),
+            (BrokerError::NotEnoughReplicas, 19),
             (BrokerError::InvalidTxnState, 48),
             (BrokerError::TransactionalIdAuthorizationFailed, 53),
             (BrokerError::UnsupportedVersion, 35),

@@ -82,7 +82,10 @@ impl Partition {
         let end = self.log.durable_offset();
         let mut offset = self.log.active_base_offset().max(self.log.start_offset());
         while offset < end {
-            let bytes = self.log.read(offset, RECOVERY_READ_BYTES, end).await?;
+            let bytes = self
+                .log
+                .read(offset, RECOVERY_READ_BYTES, end, true)
+                .await?;
             if bytes.is_empty() {
                 break;
             }
@@ -165,7 +168,14 @@ impl Partition {
             after_max_ms: settings.timestamp_after_max_ms,
             now_ms,
         };
-        records::validate(&header, records, &policy).map_err(|e| match e {
+        if header.record_count < 1 || header.last_offset_delta != header.record_count - 1 {
+            // Kafka: a v2 batch's offsets must be exactly 0..count-1.
+            return Err(BrokerError::InvalidRecord(format!(
+                "batch has {} records but last offset delta {}",
+                header.record_count, header.last_offset_delta
+            )));
+        }
+        let max_timestamp = records::validate(&header, records, &policy).map_err(|e| match e {
             RecordError::Timestamp { index, .. } => BrokerError::RecordErrors {
                 timestamp: true,
                 message: "One or more records have been rejected due to invalid timestamp".into(),
@@ -207,9 +217,14 @@ impl Partition {
         }
         let mut bytes = BytesMut::from(&records[..]);
         let log_append_time_ms = if settings.log_append_time {
-            stamp_log_append_time(&mut bytes, now_ms);
+            restamp(&mut bytes, ATTR_TIMESTAMP_LOG_APPEND, now_ms);
             now_ms
         } else {
+            // Retention and time lookups use the header's max timestamp; like Kafka, take it
+            // from the records rather than trusting the producer.
+            if max_timestamp != header.max_timestamp {
+                restamp(&mut bytes, 0, max_timestamp);
+            }
             -1
         };
         let info = self
@@ -229,12 +244,18 @@ impl Partition {
         })
     }
 
-    /// Reads from `offset` up to the HW.
-    pub async fn read(&self, offset: i64, max_bytes: usize) -> Result<ReadResult, BrokerError> {
+    /// Reads from `offset` up to the HW; `first_in_response`: the first batch may exceed
+    /// `max_bytes` (KIP-74), otherwise an oversized batch is left for a later fetch.
+    pub async fn read(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+        first_in_response: bool,
+    ) -> Result<ReadResult, BrokerError> {
         let hw = self.high_watermark();
         let records = self
             .log
-            .read(offset, max_bytes, hw)
+            .read(offset, max_bytes, hw, first_in_response)
             .await
             .map_err(BrokerError::from_log)?;
         Ok(ReadResult {
@@ -283,7 +304,7 @@ impl Partition {
         let hw = self.high_watermark();
         let bytes = self
             .log
-            .read(batch_offset, 1, hw)
+            .read(batch_offset, 1, hw, true)
             .await
             .map_err(BrokerError::from_log)?;
         if bytes.is_empty() {
@@ -291,7 +312,8 @@ impl Partition {
         }
         let header = BatchHeader::parse(&bytes).map_err(|e| BrokerError::Storage(e.to_string()))?;
         if header.attributes & ATTR_TIMESTAMP_LOG_APPEND != 0 {
-            return Ok(Some((header.last_offset(), max_ts)));
+            // Every record carries the append time; Kafka names the first.
+            return Ok(Some((header.base_offset, max_ts)));
         }
         let mut found = (header.base_offset, max_ts);
         let mut best = i64::MIN;
@@ -307,16 +329,17 @@ impl Partition {
     }
 }
 
-/// LogAppendTime topics: the broker sets the timestamp type bit and the max timestamp, which
-/// the CRC covers, so the CRC is recomputed (the one place a stored batch is rewritten).
-fn stamp_log_append_time(batch_bytes: &mut [u8], now_ms: i64) {
+/// Sets attribute bits and the max timestamp, which the CRC covers, and recomputes the CRC:
+/// for LogAppendTime topics, and when a producer's header disagrees with its records. The
+/// only places a stored batch differs from what the producer sent beyond offset and epoch.
+fn restamp(batch_bytes: &mut [u8], attributes_or: i16, max_timestamp: i64) {
     const ATTRIBUTES: usize = 21;
     const MAX_TIMESTAMP: usize = 35;
     const CRC: usize = 17;
-    let attrs = i16::from_be_bytes([batch_bytes[ATTRIBUTES], batch_bytes[ATTRIBUTES + 1]])
-        | ATTR_TIMESTAMP_LOG_APPEND;
+    let attrs =
+        i16::from_be_bytes([batch_bytes[ATTRIBUTES], batch_bytes[ATTRIBUTES + 1]]) | attributes_or;
     batch_bytes[ATTRIBUTES..ATTRIBUTES + 2].copy_from_slice(&attrs.to_be_bytes());
-    batch_bytes[MAX_TIMESTAMP..MAX_TIMESTAMP + 8].copy_from_slice(&now_ms.to_be_bytes());
+    batch_bytes[MAX_TIMESTAMP..MAX_TIMESTAMP + 8].copy_from_slice(&max_timestamp.to_be_bytes());
     let crc = batch::compute_crc(batch_bytes);
     batch_bytes[CRC..CRC + 4].copy_from_slice(&crc.to_be_bytes());
     assert!(

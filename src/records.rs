@@ -82,13 +82,17 @@ pub fn for_each_record(
 }
 
 /// Checks the records of a batch and, if all are fine, returns nothing.
+/// Checks the records of a batch; returns the largest record timestamp (-1 when none has
+/// one), which the broker trusts instead of the header's field, as Kafka does.
 pub fn validate(
     header: &BatchHeader,
     batch: &[u8],
     policy: &TimestampPolicy,
-) -> Result<(), RecordError> {
+) -> Result<i64, RecordError> {
     let mut index = 0i32;
+    let mut max_timestamp = -1i64;
     for_each_record(header, batch, |r| {
+        max_timestamp = max_timestamp.max(r.timestamp);
         if policy.compacted && r.key_is_null {
             return Err(RecordError::MissingKey { index });
         }
@@ -106,7 +110,8 @@ pub fn validate(
         }
         index += 1;
         Ok(())
-    })
+    })?;
+    Ok(max_timestamp)
 }
 
 fn walk(

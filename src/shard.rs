@@ -94,21 +94,37 @@ impl Shard {
         if target == self.id {
             return f(self).await;
         }
+        self.submit(target, f)
+            .await
+            .await
+            .expect("target shard dropped a job")
+    }
+
+    /// Sends `f` to run on shard `target` and returns once it is queued there, with a
+    /// receiver for its result. Jobs queued by successive `submit` calls from one task run
+    /// their synchronous part in that order, even when the channel was full for a while.
+    pub async fn submit<T, F>(self: &Rc<Self>, target: ShardId, f: F) -> oneshot::Receiver<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Rc<Shard>) -> LocalBoxFuture<'static, T> + Send + 'static,
+    {
         let (tx, rx) = oneshot::channel();
-        let job: Job = Box::new(move |shard: &Rc<Shard>| {
+        let run = move |shard: &Rc<Shard>| {
             let fut = f(shard);
             glommio::spawn_local(async move {
                 let _ = tx.send(fut.await);
             })
             .detach();
-        });
-        if self.senders.send_to(target.0, job).await.is_err() {
+        };
+        if target == self.id {
+            run(self);
+        } else if self.senders.send_to(target.0, Box::new(run)).await.is_err() {
             panic!(
                 "shard {} cannot reach shard {}: mesh closed",
                 self.id.0, target.0
             );
         }
-        rx.await.expect("target shard dropped a job")
+        rx
     }
 
     /// Runs `f` on the partition's owner with the partition, or fails with

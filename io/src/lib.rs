@@ -39,7 +39,7 @@ impl Default for LogConfig {
             segment_ms: 7 * 24 * 3600 * 1000,
             index_interval_bytes: 4096,
             preallocate_bytes: 64 << 20,
-            cache_bytes_max: 4 << 20,
+            cache_bytes_max: 1 << 20,
         }
     }
 }

@@ -126,7 +126,11 @@ impl Log {
         if segments.is_empty() {
             // Retention may have deleted every segment before a crash: offsets go on from the
             // persisted log start, never back to 0.
-            segments.push(Segment::new(dir, persisted_start.unwrap_or(0).max(0), now_ms));
+            segments.push(Segment::new(
+                dir,
+                persisted_start.unwrap_or(0).max(0),
+                now_ms,
+            ));
         }
         let first_base = segments[0].base_offset;
         let end = segments.last().expect("at least one segment").next_offset;
@@ -523,7 +527,11 @@ impl Log {
                 st.segments
                     .iter_mut()
                     .find(|s| {
-                        s.closed && !s.finalized && !s.finalizing && s.synced == s.size && s.file.is_some()
+                        s.closed
+                            && !s.finalized
+                            && !s.finalizing
+                            && s.synced == s.size
+                            && s.file.is_some()
                     })
                     .map(|seg| {
                         seg.finalizing = true;
@@ -539,10 +547,20 @@ impl Log {
                         )
                     })
             };
-            let Some((base, file, size, index, time_index, index_path, time_path, log_path)) = next else {
+            let Some((base, file, size, index, time_index, index_path, time_path, log_path)) = next
+            else {
                 return Ok(());
             };
-            finish_segment_files(&file, size, index, time_index, &index_path, &time_path, &log_path).await?;
+            finish_segment_files(
+                &file,
+                size,
+                index,
+                time_index,
+                &index_path,
+                &time_path,
+                &log_path,
+            )
+            .await?;
             let mut st = self.state.borrow_mut();
             if let Some(seg) = find_segment_mut(&mut st.segments, base) {
                 seg.finalizing = false;
@@ -551,14 +569,16 @@ impl Log {
         }
     }
 
-    /// Reads whole batches starting with the one that contains `offset`, at most `max_bytes`
-    /// (but always the first batch whole, KIP-74), never at or past `limit_offset` nor past
-    /// the durable offset. Empty when there is nothing to read.
+    /// Reads whole batches starting with the one that contains `offset`, at most `max_bytes`,
+    /// never at or past `limit_offset` nor past the durable offset. With `oversized_first`
+    /// the first batch comes whole even when larger than `max_bytes` (KIP-74); without it
+    /// such a batch is not returned. Empty when there is nothing to read.
     pub async fn read(
         &self,
         offset: i64,
         max_bytes: usize,
         limit_offset: i64,
+        oversized_first: bool,
     ) -> Result<Bytes, LogError> {
         let (limit, from_cache, disk_plan) = {
             let st = self.state.borrow();
@@ -584,12 +604,25 @@ impl Log {
             }
         };
         if let Some(bytes) = from_cache {
+            let first_too_big =
+                BatchHeader::parse(&bytes).is_ok_and(|h| h.total_bytes() > max_bytes);
+            if first_too_big && !oversized_first {
+                return Ok(Bytes::new());
+            }
             return Ok(bytes);
         }
         for (file, start_pos, end_pos, seg_offset) in disk_plan {
-            let bytes =
-                read_from_segment(&file, start_pos, end_pos, seg_offset, max_bytes, limit).await?;
-            if !bytes.is_empty() {
+            let read = read_from_segment(
+                &file,
+                start_pos,
+                end_pos,
+                seg_offset,
+                max_bytes,
+                limit,
+                oversized_first,
+            )
+            .await?;
+            if let Some(bytes) = read {
                 return Ok(bytes);
             }
         }
@@ -618,7 +651,7 @@ impl Log {
         let mut offset = start;
         // Each round reads at most one index interval worth of batches; bounded by the log end.
         loop {
-            let bytes = self.read(offset, 64 * 1024, limit_offset).await?;
+            let bytes = self.read(offset, 64 * 1024, limit_offset, true).await?;
             if bytes.is_empty() {
                 return Ok(None);
             }
@@ -737,7 +770,10 @@ impl Log {
         // The flusher may still be finishing rolled segments; it stops on its own.
         let mut rounds = 0u32;
         while self.flushing.get() {
-            assert!(rounds < 60_000, "flusher did not stop within a minute of close");
+            assert!(
+                rounds < 60_000,
+                "flusher did not stop within a minute of close"
+            );
             glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
             rounds += 1;
         }
@@ -820,6 +856,7 @@ fn plan_disk_read(segments: &[Segment], offset: i64) -> Vec<(Rc<BufferedFile>, u
         .collect()
 }
 
+/// Reads from one segment; `None` when `offset` lies beyond this segment's batches.
 async fn read_from_segment(
     file: &BufferedFile,
     mut pos: u64,
@@ -827,12 +864,13 @@ async fn read_from_segment(
     offset: i64,
     max_bytes: usize,
     limit: i64,
-) -> Result<Bytes, LogError> {
+    oversized_first: bool,
+) -> Result<Option<Bytes>, LogError> {
     let path = || file.path().map(|p| p.to_path_buf()).unwrap_or_default();
     // Find the batch that contains `offset`: at most one index interval of headers.
     let first = loop {
         if pos + HEADER_BYTES as u64 > end {
-            return Ok(Bytes::new());
+            return Ok(None);
         }
         let r = file
             .read_at(pos, HEADER_BYTES)
@@ -844,8 +882,8 @@ async fn read_from_segment(
         }
         pos += header.total_bytes() as u64;
     };
-    if first.base_offset >= limit {
-        return Ok(Bytes::new());
+    if first.base_offset >= limit || (!oversized_first && first.total_bytes() > max_bytes) {
+        return Ok(Some(Bytes::new()));
     }
     let want = (first.total_bytes().max(max_bytes) as u64).min(end - pos) as usize;
     let r = file
@@ -866,7 +904,7 @@ async fn read_from_segment(
         keep += header.total_bytes();
         rest = &rest[header.total_bytes()..];
     }
-    Ok(Bytes::copy_from_slice(&r[..keep]))
+    Ok(Some(Bytes::copy_from_slice(&r[..keep])))
 }
 
 /// Copies the tail-page head and then the pending chunks into write buffers, in order.
@@ -1135,7 +1173,7 @@ mod tests {
         let mut out = Vec::new();
         let mut offset = from;
         while offset < log.durable_offset() {
-            let bytes = log.read(offset, 700, i64::MAX).await.expect("read");
+            let bytes = log.read(offset, 700, i64::MAX, true).await.expect("read");
             assert!(!bytes.is_empty(), "empty read at {offset}");
             let mut rest = &bytes[..];
             while !rest.is_empty() {
@@ -1161,7 +1199,7 @@ mod tests {
             assert_eq!(all.len(), 100);
             assert!(all.iter().all(|h| h.partition_leader_epoch == 3));
             // A read in the middle of a batch returns that whole batch.
-            let b = log.read(51, 1, i64::MAX).await.unwrap();
+            let b = log.read(51, 1, i64::MAX, true).await.unwrap();
             assert_eq!(BatchHeader::parse(&b).unwrap().base_offset, 50);
             let ts = log
                 .find_batch_by_timestamp(1040, i64::MAX)
@@ -1233,14 +1271,14 @@ mod tests {
             let start = log.start_offset();
             assert!(start > 0);
             assert!(matches!(
-                log.read(0, 100, i64::MAX).await,
+                log.read(0, 100, i64::MAX, true).await,
                 Err(LogError::OffsetOutOfRange { .. })
             ));
             assert_eq!(log.advance_start(start + 3).await.unwrap(), start + 3);
             drop(log);
             let log = Log::open(&dir, small(), 0).await.unwrap();
             assert_eq!(log.start_offset(), start + 3);
-            let b = log.read(start + 3, 1, i64::MAX).await.unwrap();
+            let b = log.read(start + 3, 1, i64::MAX, true).await.unwrap();
             assert_eq!(BatchHeader::parse(&b).unwrap().base_offset, start + 2);
         });
     }
@@ -1256,8 +1294,16 @@ mod tests {
                 log.append(BytesMut::from(&b[..]), 0, 0).unwrap();
             }
             log.wait_durable(log.end_offset()).await.unwrap();
-            let hit = log.find_batch_by_timestamp(800, i64::MAX).await.unwrap().unwrap();
-            assert_eq!(BatchHeader::parse(&hit).unwrap().base_offset, 2, "the 1000 batch");
+            let hit = log
+                .find_batch_by_timestamp(800, i64::MAX)
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                BatchHeader::parse(&hit).unwrap().base_offset,
+                2,
+                "the 1000 batch"
+            );
             append_n(&log, 60, 2000).await;
             log.close().await.unwrap();
             assert!(matches!(
@@ -1266,7 +1312,8 @@ mod tests {
             ));
             drop(log);
             // A crash right after a roll could leave padding in the closed segment.
-            let mut logs: Vec<_> = std::fs::read_dir(&dir).unwrap()
+            let mut logs: Vec<_> = std::fs::read_dir(&dir)
+                .unwrap()
                 .map(|e| e.unwrap().path())
                 .filter(|p| p.extension().is_some_and(|x| x == "log"))
                 .collect();

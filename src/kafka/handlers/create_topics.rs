@@ -9,7 +9,6 @@ use kafka_protocol::messages::create_topics_response::{
 use kafka_protocol::messages::{CreateTopicsRequest, CreateTopicsResponse};
 use kafka_protocol::protocol::StrBytes;
 
-use crate::config::TopicSettings;
 use crate::errors::BrokerError;
 use crate::kafka::handlers::admin::{self, TopicSpec};
 use crate::kafka::handlers::describe_configs::topic_config_entries;
@@ -72,7 +71,6 @@ pub async fn handle(ctx: Rc<RequestContext>, req: CreateTopicsRequest) -> Create
     let mut created = admin::create_topics(&ctx.shard, to_create, req.validate_only)
         .await
         .into_iter();
-    let defaults = &ctx.shard.config.topic_defaults;
     let results = specs
         .into_iter()
         .zip(early)
@@ -87,7 +85,6 @@ pub async fn handle(ctx: Rc<RequestContext>, req: CreateTopicsRequest) -> Create
             match r {
                 Ok((id, partitions)) => {
                     let settings_configs: Vec<CreatableTopicConfigs> = if ctx.version >= 5 {
-                        let _ = TopicSettings::resolve(defaults, &spec.configs);
                         topic_config_entries(&ctx.shard.config, &spec.configs)
                             .into_iter()
                             .map(|e| {

@@ -22,6 +22,9 @@ use crate::kafka::RequestContext;
 use crate::metadata::MetadataImage;
 use crate::types::{ShardId, TopicPartition};
 
+/// Kafka's broker-side `fetch.max.bytes` default: the most one response carries (plus one
+/// oversized first batch, KIP-74).
+const FETCH_MAX_BYTES: usize = 57_671_680;
 /// Longest long-poll a client may ask for.
 const MAX_WAIT_MS_MAX: u64 = 60_000;
 
@@ -99,6 +102,10 @@ pub async fn handle(ctx: Rc<RequestContext>, req: FetchRequest) -> FetchResponse
                 if session.next_epoch != epoch {
                     return error_response(ResponseError::InvalidFetchSessionEpoch.code());
                 }
+                if session.partitions.len() + requested.len() > SESSION_PARTITIONS_MAX {
+                    sessions.remove(req.session_id);
+                    return error_response(ResponseError::FetchSessionIdNotFound.code());
+                }
                 for (tp, sp) in &requested {
                     let entry = session
                         .partitions
@@ -126,10 +133,10 @@ pub async fn handle(ctx: Rc<RequestContext>, req: FetchRequest) -> FetchResponse
     };
 
     let max_bytes = if req.max_bytes <= 0 {
-        i32::MAX
+        FETCH_MAX_BYTES
     } else {
-        req.max_bytes
-    } as usize;
+        (req.max_bytes as usize).min(FETCH_MAX_BYTES)
+    };
     let min_bytes = req.min_bytes.max(0) as usize;
     let deadline = Instant::now()
         + Duration::from_millis((req.max_wait_ms.max(0) as u64).min(MAX_WAIT_MS_MAX));
@@ -152,7 +159,14 @@ pub async fn handle(ctx: Rc<RequestContext>, req: FetchRequest) -> FetchResponse
         if total >= min_bytes || any_error || now >= deadline || targets.is_empty() {
             break;
         }
-        if !wait_for_data(&ctx, &image, &targets, deadline - now).await {
+        // Wake only when a HW moves past what this request already read: a partition that
+        // has some data but less than min_bytes must not make the loop spin.
+        let seen: Vec<(TopicPartition, i64)> = targets
+            .iter()
+            .zip(&reads)
+            .map(|((tp, offset, _), r)| (tp.clone(), r.high_watermark.max(*offset)))
+            .collect();
+        if !wait_for_data(&ctx, &image, seen, deadline - now).await {
             break;
         }
         reads = read_all(&ctx, &image, &targets, max_bytes).await;
@@ -274,6 +288,7 @@ async fn read_all(
         }
     }
     let mut budget = max_bytes;
+    let max_bytes_total = max_bytes;
     for (owner, work) in by_shard {
         let (reads, left) = ctx
             .shard
@@ -295,7 +310,8 @@ async fn read_all(
                                         log_start_offset: p.log.start_offset(),
                                     })
                                 } else {
-                                    p.read(offset, want).await
+                                    // KIP-74: only the response's first batch may exceed the limits.
+                                    p.read(offset, want, budget == max_bytes_total).await
                                 };
                                 match r {
                                     Ok(r) => {
@@ -338,20 +354,17 @@ fn failed(e: BrokerError) -> Read {
     }
 }
 
-/// Waits until some target's HW passes its fetch offset, or `timeout`. False on timeout.
+/// Waits until some partition's HW passes the given one, or `timeout`. False on timeout.
 async fn wait_for_data(
     ctx: &Rc<RequestContext>,
     image: &MetadataImage,
-    targets: &[(TopicPartition, i64, usize)],
+    seen: Vec<(TopicPartition, i64)>,
     timeout: Duration,
 ) -> bool {
     let mut by_shard: BTreeMap<ShardId, Vec<(TopicPartition, i64)>> = BTreeMap::new();
-    for (tp, offset, _) in targets {
-        if let Ok(owner) = ctx.shard.owner_of(image, tp) {
-            by_shard
-                .entry(owner)
-                .or_default()
-                .push((tp.clone(), *offset));
+    for (tp, hw) in seen {
+        if let Ok(owner) = ctx.shard.owner_of(image, &tp) {
+            by_shard.entry(owner).or_default().push((tp, hw));
         }
     }
     if by_shard.is_empty() {
@@ -364,10 +377,10 @@ async fn wait_for_data(
                 let shard = shard.clone();
                 async move {
                     let mut changes = Vec::new();
-                    for (tp, offset) in &parts {
+                    for (tp, hw) in &parts {
                         if let Some(p) = shard.partition(tp) {
                             changes.push(p.log.durable_changed());
-                            if p.high_watermark() > *offset {
+                            if p.high_watermark() > *hw {
                                 return true;
                             }
                         }

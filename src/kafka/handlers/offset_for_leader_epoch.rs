@@ -47,8 +47,7 @@ pub async fn handle(
                 Ok(end) if requested == LEADER_EPOCH => {
                     base.with_leader_epoch(LEADER_EPOCH).with_end_offset(end)
                 }
-                Ok(_) if requested < LEADER_EPOCH => base.with_leader_epoch(-1).with_end_offset(-1),
-                // An epoch newer than ours is not known: Kafka answers UNDEFINED (-1, -1).
+                // An epoch older (none exists) or newer than ours is unknown: UNDEFINED (-1, -1).
                 Ok(_) => base.with_leader_epoch(-1).with_end_offset(-1),
                 Err(e) => base
                     .with_error_code(e.code())

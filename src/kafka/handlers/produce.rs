@@ -3,6 +3,7 @@
 
 use std::rc::Rc;
 
+use futures::channel::oneshot;
 use futures::future::{join_all, LocalBoxFuture};
 use futures::FutureExt;
 use kafka_protocol::messages::produce_response::{
@@ -14,6 +15,7 @@ use kafka_protocol::protocol::StrBytes;
 use crate::errors::BrokerError;
 use crate::kafka::RequestContext;
 use crate::partition::Appended;
+use crate::shard::Shard;
 use crate::types::{now_ms, TopicPartition};
 
 type PartitionResult = Result<(Appended, i64), BrokerError>;
@@ -22,7 +24,9 @@ type PartitionResult = Result<(Appended, i64), BrokerError>;
 /// the disk too: the producer then slows down instead of the broker buffering without bound.
 const PENDING_BYTES_MAX: usize = 64 << 20;
 
-/// Appends now (in request order); the returned future completes the response.
+/// Queues each partition's append on its owning shard, in request order (the connection
+/// awaits `start` before reading the next request, so appends keep request order); the
+/// returned future completes the response.
 pub async fn start(
     ctx: Rc<RequestContext>,
     req: ProduceRequest,
@@ -39,49 +43,57 @@ pub async fn start(
         } else {
             Some(topic.name.0.to_string())
         };
-        let mut parts = Vec::with_capacity(topic.partition_data.len());
+        let mut parts: Vec<(i32, Pending)> = Vec::with_capacity(topic.partition_data.len());
         for p in topic.partition_data {
-            let result: LocalBoxFuture<'static, PartitionResult> = match (&name, acks) {
-                (_, a) if !(a == -1 || a == 0 || a == 1) => {
-                    async { Err(BrokerError::InvalidRequiredAcks) }.boxed_local()
-                }
-                (None, _) if ctx.version >= 13 => {
-                    async { Err(BrokerError::UnknownTopicId) }.boxed_local()
-                }
-                (None, _) => async { Err(BrokerError::UnknownTopicOrPartition) }.boxed_local(),
+            let owner = match (&name, acks) {
+                (_, a) if !(a == -1 || a == 0 || a == 1) => Err(BrokerError::InvalidRequiredAcks),
+                (None, _) if ctx.version >= 13 => Err(BrokerError::UnknownTopicId),
+                (None, _) => Err(BrokerError::UnknownTopicOrPartition),
                 (Some(name), _) => {
                     let tp = TopicPartition {
                         topic: name.clone(),
                         partition: p.index,
                     };
-                    let records = p.records.unwrap_or_default();
-                    // The owning shard appends as soon as the job arrives, so jobs sent in
-                    // order append in order; the durability wait happens afterwards.
-                    let shard = ctx.shard.clone();
-                    let appended = async move {
-                        shard
-                            .on_partition(tp, move |partition| {
-                                let appended = partition.append(&records, transactional, now);
-                                async move {
-                                    let appended = appended?;
-                                    let backlog = partition.log.pending_bytes() > PENDING_BYTES_MAX;
-                                    if (acks == -1 || backlog) && !appended.duplicate {
-                                        partition
-                                            .log
-                                            .wait_durable(appended.end_offset)
-                                            .await
-                                            .map_err(|e| BrokerError::Storage(e.to_string()))?;
-                                    }
-                                    Ok((appended, partition.log.start_offset()))
-                                }
-                                .boxed_local()
-                            })
-                            .await
-                    };
-                    appended.boxed_local()
+                    ctx.shard.owner_of(&image, &tp).map(|owner| (owner, tp))
                 }
             };
-            parts.push((p.index, spawn_now(result)));
+            let pending = match owner {
+                Err(e) => Pending::Done(Err(e)),
+                Ok((owner, tp)) => {
+                    let records = p.records.unwrap_or_default();
+                    let job = move |shard: &Rc<Shard>| -> LocalBoxFuture<'static, PartitionResult> {
+                        let Some(partition) = shard.partition(&tp) else {
+                            return async { Err(BrokerError::UnknownTopicOrPartition) }
+                                .boxed_local();
+                        };
+                        // The append itself happens here, synchronously, when the job runs.
+                        let appended = if acks == -1 && partition.settings().min_insync_replicas > 1
+                        {
+                            // One replica is in sync, fewer than min.insync.replicas.
+                            Err(BrokerError::NotEnoughReplicas)
+                        } else {
+                            partition.append(&records, transactional, now)
+                        };
+                        async move {
+                            let appended = appended?;
+                            // acks=all waits for the HW (here: fsync), also for a retried
+                            // duplicate, which may not be on disk yet either.
+                            let backlog = partition.log.pending_bytes() > PENDING_BYTES_MAX;
+                            if acks == -1 || backlog {
+                                partition
+                                    .log
+                                    .wait_durable(appended.end_offset)
+                                    .await
+                                    .map_err(|e| BrokerError::Storage(e.to_string()))?;
+                            }
+                            Ok((appended, partition.log.start_offset()))
+                        }
+                        .boxed_local()
+                    };
+                    Pending::Queued(ctx.shard.submit(owner, job).await)
+                }
+            };
+            parts.push((p.index, pending));
         }
         topics.push((topic.name, topic.topic_id, parts));
     }
@@ -89,7 +101,7 @@ pub async fn start(
         let mut responses = Vec::with_capacity(topics.len());
         for (name, topic_id, parts) in topics {
             let indexes: Vec<i32> = parts.iter().map(|(i, _)| *i).collect();
-            let results = join_all(parts.into_iter().map(|(_, r)| r)).await;
+            let results = join_all(parts.into_iter().map(|(_, r)| r.result())).await;
             let partition_responses = indexes
                 .into_iter()
                 .zip(results)
@@ -110,16 +122,25 @@ pub async fn start(
     .boxed_local()
 }
 
-/// Starts the per-partition work at once (so the append job is sent now, in order) and
-/// returns a handle to its result.
-fn spawn_now(
-    f: LocalBoxFuture<'static, PartitionResult>,
-) -> glommio::task::JoinHandle<PartitionResult> {
-    glommio::spawn_local(f).detach()
+/// One partition's outcome: known at once (an error before any append) or coming from the
+/// owning shard.
+enum Pending {
+    Done(PartitionResult),
+    Queued(oneshot::Receiver<PartitionResult>),
 }
 
-fn partition_response(index: i32, r: Option<PartitionResult>) -> PartitionProduceResponse {
-    let r = r.unwrap_or_else(|| Err(BrokerError::Storage("append task was cancelled".into())));
+impl Pending {
+    async fn result(self) -> PartitionResult {
+        match self {
+            Pending::Done(r) => r,
+            Pending::Queued(rx) => rx
+                .await
+                .unwrap_or_else(|_| Err(BrokerError::Storage("append job was dropped".into()))),
+        }
+    }
+}
+
+fn partition_response(index: i32, r: PartitionResult) -> PartitionProduceResponse {
     match r {
         Ok((appended, log_start)) => PartitionProduceResponse::default()
             .with_index(index)

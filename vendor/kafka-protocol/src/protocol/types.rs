@@ -990,7 +990,8 @@ impl<T, E: Decoder<T>> Decoder<Option<Vec<T>>> for Array<E> {
                 if n as usize > buf.remaining() {
                     bail!("Array length {n} exceeds the {} bytes left", buf.remaining());
                 }
-                let mut result = Vec::with_capacity(n as usize);
+                // ... and preallocate little: elements can be far larger than one byte.
+                let mut result = Vec::with_capacity((n as usize).min(1024));
                 for _ in 0..n {
                     result.push(self.0.decode(buf)?);
                 }
@@ -1102,7 +1103,7 @@ impl<T, E: Decoder<T>> Decoder<Option<Vec<T>>> for CompactArray<E> {
                 if (n - 1) as usize > buf.remaining() {
                     bail!("CompactArray length {} exceeds the {} bytes left", n - 1, buf.remaining());
                 }
-                let mut result = Vec::with_capacity((n - 1) as usize);
+                let mut result = Vec::with_capacity(((n - 1) as usize).min(1024));
                 for _ in 1..n {
                     result.push(self.0.decode(buf)?);
                 }

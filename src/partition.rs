@@ -63,6 +63,7 @@ impl Partition {
         now_ms: i64,
     ) -> Result<Rc<Partition>, LogError> {
         let dir = base_dir.join(format!("{topic}-{index}"));
+        claim_directory(&dir, topic_id).await?;
         let log = Log::open(&dir, settings.log_config(), now_ms).await?;
         let partition = Partition {
             topic: topic.to_string(),
@@ -327,6 +328,27 @@ impl Partition {
         .map_err(|e| BrokerError::Storage(format!("stored batch does not decode: {e}")))?;
         Ok(Some(found))
     }
+}
+
+/// Makes sure `dir` belongs to this topic id, as Kafka's `partition.metadata` does: a
+/// directory left by a deleted topic of the same name (a crash between deleting the topic and
+/// its files) is removed instead of being adopted by the new topic.
+async fn claim_directory(dir: &Path, topic_id: Uuid) -> Result<(), LogError> {
+    let marker = dir.join("partition.metadata");
+    let expected = format!("version: 0\ntopic_id: {topic_id}\n");
+    match std::fs::read_to_string(&marker) {
+        Ok(found) if found == expected => return Ok(()),
+        Ok(found) => {
+            tracing::warn!(dir = %dir.display(), %found, "partition directory of a deleted topic; removing it");
+            std::fs::remove_dir_all(dir)
+                .map_err(|e| LogError::Io(format!("removing {}: {e}", dir.display())))?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(LogError::Io(format!("reading {}: {e}", marker.display()))),
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| LogError::Io(format!("creating {}: {e}", dir.display())))?;
+    ferrolog_io::write_file(&marker, expected.into_bytes()).await
 }
 
 /// Sets attribute bits and the max timestamp, which the CRC covers, and recomputes the CRC:

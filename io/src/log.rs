@@ -349,12 +349,14 @@ impl Log {
         assert!(new_durable >= st.durable, "durable offset goes backwards");
         assert!(new_durable <= st.end, "durable offset past the log end");
         st.durable = new_durable;
-        while st
-            .durable_waiters
-            .front()
-            .is_some_and(|(end, _)| *end <= new_durable)
-        {
-            let (_, tx) = st.durable_waiters.pop_front().expect("non-empty");
+        // Waiters register in roughly, not strictly, offset order (they come from tasks on
+        // several connections), so look at all of them; there are at most as many as
+        // requests in flight.
+        let (done, waiting): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut st.durable_waiters)
+            .into_iter()
+            .partition(|(end, _)| *end <= new_durable);
+        st.durable_waiters = waiting;
+        for (_, tx) in done {
             let _ = tx.send(Ok(()));
         }
         for w in st.change_waiters.drain(..) {

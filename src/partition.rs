@@ -77,11 +77,18 @@ impl Partition {
         Ok(Rc::new(partition))
     }
 
-    /// Replays batch headers of the active segment into the producer state, so a producer
-    /// that retries across a broker restart is still recognised.
+    /// Restores the producer state, so a producer that retries across a broker restart is
+    /// still recognised: the newest snapshot (written at each segment roll) at or below the
+    /// log end, then the batch headers after it. Without a snapshot, the active segment.
     async fn rebuild_producer_state(&self) -> Result<(), LogError> {
         let end = self.log.durable_offset();
         let mut offset = self.log.active_base_offset().max(self.log.start_offset());
+        if let Some((at, states)) = load_snapshot(self.log.dir(), end) {
+            if at <= offset {
+                *self.producers.borrow_mut() = states;
+                offset = at.max(self.log.start_offset());
+            }
+        }
         while offset < end {
             let bytes = self
                 .log
@@ -228,10 +235,16 @@ impl Partition {
             }
             -1
         };
+        let active_before = self.log.active_base_offset();
         let info = self
             .log
             .append(bytes, LEADER_EPOCH, now_ms)
             .map_err(|e| BrokerError::Storage(e.to_string()))?;
+        if self.log.active_base_offset() != active_before {
+            // A roll: snapshot the producer state as of the new segment's start (Kafka does
+            // the same), so a restart need not replay the whole log.
+            self.write_snapshot(info.base_offset);
+        }
         let stored = BatchHeader {
             base_offset: info.base_offset,
             ..header
@@ -243,6 +256,24 @@ impl Partition {
             log_append_time_ms,
             duplicate: false,
         })
+    }
+
+    fn write_snapshot(&self, at: i64) {
+        let path = self
+            .log
+            .dir()
+            .join(format!("{}.snapshot", ferrolog_io::file_stem(at)));
+        let bytes =
+            serde_json::to_vec(&*self.producers.borrow()).expect("producer state serialises");
+        let dir = self.log.dir().to_path_buf();
+        glommio::spawn_local(async move {
+            if let Err(e) = ferrolog_io::write_file(&path, bytes).await {
+                tracing::warn!(path = %path.display(), error = %e, "producer snapshot not written");
+                return;
+            }
+            prune_snapshots(&dir, at);
+        })
+        .detach();
     }
 
     /// Reads from `offset` up to the HW; `first_in_response`: the first batch may exceed
@@ -327,6 +358,50 @@ impl Partition {
         })
         .map_err(|e| BrokerError::Storage(format!("stored batch does not decode: {e}")))?;
         Ok(Some(found))
+    }
+}
+
+/// Snapshots kept per partition: the newest few are enough to skip replaying old segments.
+const SNAPSHOTS_KEPT: usize = 2;
+
+fn snapshot_offsets(dir: &Path) -> Vec<i64> {
+    let mut offsets: Vec<i64> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.strip_suffix(".snapshot")?.parse().ok()
+        })
+        .collect();
+    offsets.sort_unstable();
+    offsets
+}
+
+/// The newest readable snapshot at or below `end`.
+fn load_snapshot(dir: &Path, end: i64) -> Option<(i64, ProducerStates)> {
+    snapshot_offsets(dir).into_iter().rev().filter(|&at| at <= end).find_map(|at| {
+        let path = dir.join(format!("{}.snapshot", ferrolog_io::file_stem(at)));
+        let bytes = std::fs::read(&path).ok()?;
+        match serde_json::from_slice(&bytes) {
+            Ok(states) => Some((at, states)),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "ignoring a damaged producer snapshot");
+                None
+            }
+        }
+    })
+}
+
+fn prune_snapshots(dir: &Path, newest: i64) {
+    let offsets = snapshot_offsets(dir);
+    let keep_from = offsets.len().saturating_sub(SNAPSHOTS_KEPT);
+    for at in offsets
+        .into_iter()
+        .take(keep_from)
+        .filter(|&at| at < newest)
+    {
+        let _ = std::fs::remove_file(dir.join(format!("{}.snapshot", ferrolog_io::file_stem(at))));
     }
 }
 

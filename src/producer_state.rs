@@ -9,6 +9,8 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use serde::{Deserialize, Serialize};
+
 use ferrolog_io::batch::BatchHeader;
 
 /// Batches remembered per producer (Kafka's `NUM_BATCHES_TO_RETAIN`).
@@ -16,7 +18,7 @@ const BATCHES_RETAINED: usize = 5;
 /// Producers remembered per partition; the least recently used is forgotten past this.
 const PRODUCERS_MAX: usize = 100_000;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 struct BatchMeta {
     first_seq: i32,
     last_seq: i32,
@@ -24,7 +26,7 @@ struct BatchMeta {
     timestamp: i64,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct ProducerEntry {
     epoch: i16,
     batches: VecDeque<BatchMeta>,
@@ -44,7 +46,8 @@ pub enum SequenceCheck {
     StaleEpoch,
 }
 
-#[derive(Debug, Default)]
+/// Serialisable: partitions snapshot it at each segment roll.
+#[derive(Debug, Default, Serialize, Deserialize)]
 pub struct ProducerStates {
     producers: HashMap<i64, ProducerEntry>,
     clock: u64,

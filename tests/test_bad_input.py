@@ -367,3 +367,17 @@ def test_request_header_cut_short_closes_the_connection(broker):
                 conn.send_raw(wire.i32(len(payload)) + payload)
                 assert conn.closed_by_peer(), f"header {payload.hex()} was answered"
         assert_still_serving(broker, bystander)
+
+
+def test_failed_acks_0_produce_closes_the_connection(broker):
+    """With acks=0 there is no response to carry an error, so Kafka closes the connection."""
+    create_topic(broker)
+    with wire.Connection(broker.bootstrap) as conn:
+        good = wire.record_batch([b"fine"])
+        conn.send(wire.PRODUCE, 9, wire.produce_v9({TOPIC: {0: good}}, acks=0), flexible=True)
+        assert_still_serving(broker, conn)
+        bad = bytearray(wire.record_batch([b"bad crc"]))
+        bad[-1] ^= 0xFF
+        conn.send(wire.PRODUCE, 9, wire.produce_v9({TOPIC: {0: bytes(bad)}}, acks=0), flexible=True)
+        assert conn.closed_by_peer(timeout_s=10), "connection still open after a failed acks=0 produce"
+    assert next_offset(broker) == 1

@@ -65,6 +65,27 @@ pub fn handler(key: ApiKey) -> Option<&'static Handler> {
     HANDLERS.iter().find(|h| h.key == key)
 }
 
+/// What the connection does once a request is served.
+pub enum Reply<T> {
+    /// Write this response.
+    Send(T),
+    /// Write nothing (Produce with acks=0).
+    Nothing,
+    /// Close the connection: an acks=0 Produce failed, and closing is the only way to tell
+    /// the producer (Kafka does the same).
+    Close,
+}
+
+impl<T> Reply<T> {
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Reply<U> {
+        match self {
+            Reply::Send(t) => Reply::Send(f(t)),
+            Reply::Nothing => Reply::Nothing,
+            Reply::Close => Reply::Close,
+        }
+    }
+}
+
 /// A response ready to encode.
 pub struct Response {
     pub correlation_id: i32,
@@ -163,11 +184,11 @@ pub fn decode(mut frame: Bytes) -> Result<Decoded, FrameError> {
 pub async fn start(
     shard: &Rc<Shard>,
     frame: Bytes,
-) -> Result<LocalBoxFuture<'static, Option<Response>>, FrameError> {
+) -> Result<LocalBoxFuture<'static, Reply<Response>>, FrameError> {
     let (key, version, header, body) = match decode(frame)? {
         Decoded::ApiVersionsTooNew { correlation_id } => {
             let response = api_versions_error_response(correlation_id);
-            return Ok(async move { Some(response) }.boxed_local());
+            return Ok(async move { Reply::Send(response) }.boxed_local());
         }
         Decoded::Request {
             key,
@@ -188,91 +209,91 @@ pub async fn start(
         version,
         body,
     };
-    let pending: LocalBoxFuture<'static, Option<Response>> = match *body {
+    let pending: LocalBoxFuture<'static, Reply<Response>> = match *body {
         RequestKind::Produce(req) => {
             let done = handlers::produce::start(ctx, req).await;
             async move { done.await.map(|r| respond(ResponseKind::Produce(r))) }.boxed_local()
         }
         RequestKind::Fetch(req) => async move {
-            Some(respond(ResponseKind::Fetch(
+            Reply::Send(respond(ResponseKind::Fetch(
                 handlers::fetch::handle(ctx, req).await,
             )))
         }
         .boxed_local(),
         RequestKind::ListOffsets(req) => async move {
-            Some(respond(ResponseKind::ListOffsets(
+            Reply::Send(respond(ResponseKind::ListOffsets(
                 handlers::list_offsets::handle(ctx, req).await,
             )))
         }
         .boxed_local(),
         RequestKind::Metadata(req) => async move {
-            Some(respond(ResponseKind::Metadata(
+            Reply::Send(respond(ResponseKind::Metadata(
                 handlers::metadata::handle(ctx, req).await,
             )))
         }
         .boxed_local(),
         RequestKind::ApiVersions(req) => async move {
-            Some(respond(ResponseKind::ApiVersions(
+            Reply::Send(respond(ResponseKind::ApiVersions(
                 handlers::api_versions::handle(ctx, req),
             )))
         }
         .boxed_local(),
         RequestKind::CreateTopics(req) => async move {
-            Some(respond(ResponseKind::CreateTopics(
+            Reply::Send(respond(ResponseKind::CreateTopics(
                 handlers::create_topics::handle(ctx, req).await,
             )))
         }
         .boxed_local(),
         RequestKind::DeleteTopics(req) => async move {
-            Some(respond(ResponseKind::DeleteTopics(
+            Reply::Send(respond(ResponseKind::DeleteTopics(
                 handlers::delete_topics::handle(ctx, req).await,
             )))
         }
         .boxed_local(),
         RequestKind::DeleteRecords(req) => async move {
-            Some(respond(ResponseKind::DeleteRecords(
+            Reply::Send(respond(ResponseKind::DeleteRecords(
                 handlers::delete_records::handle(ctx, req).await,
             )))
         }
         .boxed_local(),
         RequestKind::InitProducerId(req) => async move {
-            Some(respond(ResponseKind::InitProducerId(
+            Reply::Send(respond(ResponseKind::InitProducerId(
                 handlers::init_producer_id::handle(ctx, req).await,
             )))
         }
         .boxed_local(),
         RequestKind::OffsetForLeaderEpoch(req) => async move {
-            Some(respond(ResponseKind::OffsetForLeaderEpoch(
+            Reply::Send(respond(ResponseKind::OffsetForLeaderEpoch(
                 handlers::offset_for_leader_epoch::handle(ctx, req).await,
             )))
         }
         .boxed_local(),
         RequestKind::DescribeConfigs(req) => async move {
-            Some(respond(ResponseKind::DescribeConfigs(
+            Reply::Send(respond(ResponseKind::DescribeConfigs(
                 handlers::describe_configs::handle(ctx, req),
             )))
         }
         .boxed_local(),
         RequestKind::AlterConfigs(req) => async move {
-            Some(respond(ResponseKind::AlterConfigs(
+            Reply::Send(respond(ResponseKind::AlterConfigs(
                 handlers::alter_configs::handle(ctx, req).await,
             )))
         }
         .boxed_local(),
         RequestKind::IncrementalAlterConfigs(req) => async move {
-            Some(respond(ResponseKind::IncrementalAlterConfigs(
+            Reply::Send(respond(ResponseKind::IncrementalAlterConfigs(
                 handlers::incremental_alter_configs::handle(ctx, req).await,
             )))
         }
         .boxed_local(),
         RequestKind::CreatePartitions(req) => async move {
-            Some(respond(ResponseKind::CreatePartitions(
+            Reply::Send(respond(ResponseKind::CreatePartitions(
                 handlers::create_partitions::handle(ctx, req).await,
             )))
         }
         .boxed_local(),
         RequestKind::DescribeCluster(req) => async move {
-            Some(respond(ResponseKind::DescribeCluster(
+            Reply::Send(respond(ResponseKind::DescribeCluster(
                 handlers::describe_cluster::handle(ctx, req),
             )))
         }

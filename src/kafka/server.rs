@@ -9,7 +9,7 @@ use glommio::channels::local_channel;
 use glommio::net::{TcpListener, TcpStream};
 use glommio::sync::StaticPermit;
 
-use crate::kafka::dispatch::{self, Response};
+use crate::kafka::dispatch::{self, Reply, Response};
 use crate::shard::{Shard, REQUEST_MEMORY_BYTES};
 
 /// Requests per connection between being read and their response being written.
@@ -41,7 +41,7 @@ pub async fn serve(shard: Rc<Shard>) -> anyhow::Result<()> {
 }
 
 struct InFlight {
-    response: LocalBoxFuture<'static, Option<Response>>,
+    response: LocalBoxFuture<'static, Reply<Response>>,
     _memory: StaticPermit,
 }
 
@@ -54,8 +54,15 @@ async fn connection(shard: Rc<Shard>, stream: TcpStream) -> anyhow::Result<()> {
     let writer_task = glommio::spawn_local(async move {
         let mut out = BytesMut::new();
         while let Some(item) = rx.recv().await {
-            let Some(response) = item.response.await else {
-                continue;
+            let response = match item.response.await {
+                Reply::Send(r) => r,
+                Reply::Nothing => continue,
+                Reply::Close => {
+                    tracing::debug!("closing the connection after a failed acks=0 produce");
+                    // Shut the socket down now; the reader then sees the end of the stream.
+                    let _ = writer.close().await;
+                    return anyhow::Ok(());
+                }
             };
             out.clear();
             out.put_i32(0);

@@ -13,6 +13,7 @@ use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
 use kafka_protocol::protocol::StrBytes;
 
 use crate::errors::BrokerError;
+use crate::kafka::dispatch::Reply;
 use crate::kafka::RequestContext;
 use crate::partition::Appended;
 use crate::shard::Shard;
@@ -30,7 +31,7 @@ const PENDING_BYTES_MAX: usize = 64 << 20;
 pub async fn start(
     ctx: Rc<RequestContext>,
     req: ProduceRequest,
-) -> LocalBoxFuture<'static, Option<ProduceResponse>> {
+) -> LocalBoxFuture<'static, Reply<ProduceResponse>> {
     let acks = req.acks;
     let transactional = req.transactional_id.is_some();
     let image = ctx.shard.image();
@@ -115,9 +116,13 @@ pub async fn start(
             );
         }
         if acks == 0 {
-            return None;
+            let failed = responses
+                .iter()
+                .flat_map(|t| &t.partition_responses)
+                .any(|p| p.error_code != 0);
+            return if failed { Reply::Close } else { Reply::Nothing };
         }
-        Some(ProduceResponse::default().with_responses(responses))
+        Reply::Send(ProduceResponse::default().with_responses(responses))
     }
     .boxed_local()
 }

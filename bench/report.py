@@ -67,6 +67,16 @@ UNSUPPORTED = [
 ]
 
 
+def behind(m):
+    """The run fell behind its offered rate (produce errors alone do not count)."""
+    if not m.get("saturated"):
+        return False
+    if m.get("error_records"):
+        t, r = m.get("throughput_rps"), m.get("rate_rps")
+        return bool(t and r and t < 0.95 * r)
+    return True
+
+
 def fmt(v):
     if v is None:
         return "n/a"
@@ -213,6 +223,19 @@ def plots_spec(h, configs, summary):
             plots.append({"file": f"e2e-latency-fixed-rate-{pctl}.svg", "kind": "percentile", "y_log": True,
                           "title": f"End-to-end latency at {pctl}% of Kafka's max", "x_label": "percentile",
                           "y_label": "latency (ms)", "series": e2e})
+    for f in h.p["fixed_rate"]["fractions"]:
+        series = []
+        for c in configs:
+            r = median_run(h.runs, "fixed-rate", c, f, "p99_ms")
+            if r:
+                lt = raw(r)["produce"].get("latency_timeline")
+                if lt:
+                    series.append({"name": c, "points": [[t, p99 / 1000] for t, _, p99, _ in lt]})
+        if series:
+            pctl = int(f * 100)
+            plots.append({"file": f"p99-over-time-fixed-rate-{pctl}.svg", "kind": "line", "y_log": True,
+                          "title": f"Produce p99 per second at {pctl}% of Kafka's max (by intended send time)",
+                          "x_label": "seconds since start (warm-up included)", "y_label": "p99 latency (ms)", "series": series})
     series = []
     for c in configs:
         r = median_run(h.runs, "max-throughput", c, None, "throughput_mbps")
@@ -279,9 +302,13 @@ def write(h, interrupted):
     summary = summarize(h.runs)
     headline = []
     for label, w, step, metric, hib in HEADLINE:
-        row = {"label": label, "workload": w, "step": step, "metric": metric, "higher_is_better": hib}
+        row = {"label": label, "workload": w, "step": step, "metric": metric, "higher_is_better": hib, "saturated": {}}
         for c in configs:
             row[c] = get(summary, w, step, metric, c)
+            runs = [x for x in h.runs if x["workload"] == w and x["step"] == step and x["config"] == c]
+            sat = sum(1 for x in runs if behind(x["metrics"]))
+            if sat and metric.endswith("_ms"):
+                row["saturated"][c] = f"{sat}/{len(runs)}"
         for k in ("kafka", "kafka-flush"):
             if "ferrolog" in configs and k in configs:
                 row[f"ferrolog_advantage_vs_{k}"] = advantage(row["ferrolog"], row[k], hib)
@@ -351,12 +378,22 @@ def markdown(h, r, summary):
     add(hdr)
     add("|" + "---|" * (1 + len(configs) + len(adv_cols)))
     for row in r["headline"]:
-        line = f"| {row['label']} | " + " | ".join(cell(row[c]) for c in configs) + " |"
+        line = f"| {row['label']} | " + " | ".join(cell(row[c]) + (" †" if c in row.get("saturated", {}) else "") for c in configs) + " |"
         line += "".join(f" {adv_cell(row.get(f'ferrolog_advantage_vs_{k}'), row, k)} |" for k in adv_cols)
         add(line)
     add("")
     add("Advantage = how many times better ferrolog's median is (throughput: ferrolog/Kafka; latency, CPU, memory, time: "
         "Kafka/ferrolog). Above 1 (bold) ferrolog is better, below 1 it is worse.")
+    sat_rows = {}
+    for row in r["headline"]:
+        for c, n in row.get("saturated", {}).items():
+            where = row["workload"] + (f" at {int(row['step'] * 100)}% of Kafka's max" if row["step"] is not None else "")
+            sat_rows[(where, c)] = n
+    if sat_rows:
+        add("")
+        add("† The broker could not keep up with the offered rate (acknowledged < 95% of the target, or records left "
+            "unacknowledged at the end): its latency there is the queue that built up, not a latency at that rate. "
+            "Runs behind / runs: " + "; ".join(f"{c} in {w}: {n}" for (w, c), n in sat_rows.items()) + ".")
     add("")
     add("## Hardware limits (measured in this run)")
     add("")
@@ -383,7 +420,9 @@ def markdown(h, r, summary):
                 f"{fmt(x['fixed_rate_50_p50_ms'])} | {fmt(x['fdatasync_p50_ms'])} | {fmt(x['fdatasync_p50_pct_of_produce_p50'])}% |")
         add("")
         add("On a 2-core machine the load generator shares the CPU with the broker; loopback bandwidth is measured with "
-            "nothing else running, so no broker can reach it while it also does its own work.")
+            "nothing else running, so no broker can reach it while it also does its own work. A catch-up above 100% of "
+            "the disk's read bandwidth was served from the page cache (Kafka writes through it; ferrolog writes with "
+            "Direct I/O, so its first read of a backlog goes to the disk).")
     else:
         add("Hardware probe failed; see errors.")
     add("")
@@ -409,7 +448,7 @@ def markdown(h, r, summary):
             for metric in metrics:
                 add(f"| {metric} | " + " | ".join(cell(metrics[metric].get(c)) for c in configs) + " |")
             add("")
-        flags = [x for x in r["runs"] if x["workload"] == w and (x["metrics"].get("saturated") or x["metrics"].get("broke_down"))]
+        flags = [x for x in r["runs"] if x["workload"] == w and (behind(x["metrics"]) or x["metrics"].get("broke_down"))]
         if flags:
             add("Saturated or broken-down runs: " + ", ".join(
                 f"{x['config']} rep {x['rep'] + 1}{' step ' + str(x['step']) if x['step'] is not None else ''}" for x in flags) + ".")

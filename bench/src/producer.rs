@@ -100,16 +100,22 @@ pub struct ProduceResult {
     pub throughput_mbps: f64,
     /// Latency from intended send time to acknowledgement, records intended in the window.
     pub latency: LatencySummary,
-    /// Acknowledgement rate fell short of the target, or records were left unacknowledged.
+    /// Acknowledgement rate fell short of the target, or records were left unacknowledged
+    /// (errors are counted in `error_records`, not here).
     pub saturated: bool,
     pub produce_requests: u64,
     pub batches: u64,
     pub mean_batch_records: f64,
     /// (second, records, value bytes) acknowledged in each second since the start.
     pub timeline: Vec<(u64, u64, u64)>,
+    /// (second of intended send time, p50 us, p99 us, max us), warm-up included.
+    pub latency_timeline: Vec<(u64, u64, u64, u64)>,
     pub api_versions: Vec<(String, i16)>,
     pub elapsed_s: f64,
 }
+
+/// Seconds of run covered by the per-second latency timeline.
+const PER_SECOND_HISTOGRAMS_MAX: usize = 3600;
 
 struct InFlight {
     count: Mutex<usize>,
@@ -131,6 +137,8 @@ struct SentRequest {
 
 struct ReaderOut {
     histogram: Histogram<u64>,
+    /// One histogram per second of intended send time, warm-up included.
+    per_second: Vec<Histogram<u64>>,
     acked_in_window: u64,
     last_ack: Option<Instant>,
     errors: std::collections::BTreeMap<i16, u64>,
@@ -199,6 +207,7 @@ pub fn run(
         ..Default::default()
     };
     let mut histogram = stats::new_histogram();
+    let mut per_second: Vec<Histogram<u64>> = Vec::new();
     let mut errors = std::collections::BTreeMap::new();
     let mut batch_records = 0;
     let mut last_ack: Option<Instant> = None;
@@ -207,6 +216,12 @@ pub fn run(
             .join()
             .map_err(|_| anyhow::anyhow!("producer thread panicked"))??;
         histogram.add(&r.histogram).context("merging histograms")?;
+        for (i, h) in r.per_second.iter().enumerate() {
+            if per_second.len() <= i {
+                per_second.push(stats::new_coarse_histogram());
+            }
+            per_second[i].add(h).context("merging histograms")?;
+        }
         result.intended_records += w.intended_in_window;
         result.unacked_at_deadline += w.unacked_at_deadline;
         result.acked_records += r.acked_in_window;
@@ -236,14 +251,26 @@ pub fn run(
     result.throughput_rps = result.acked_records as f64 / result.window_s.max(1e-9);
     result.throughput_mbps = result.throughput_rps * opts.record_bytes as f64 / 1e6;
     result.latency = LatencySummary::of(&histogram);
+    result.latency_timeline = per_second
+        .iter()
+        .enumerate()
+        .filter(|(_, h)| !h.is_empty())
+        .map(|(i, h)| {
+            (
+                i as u64,
+                h.value_at_quantile(0.5),
+                h.value_at_quantile(0.99),
+                h.max(),
+            )
+        })
+        .collect();
     result.mean_batch_records = if result.batches > 0 {
         batch_records as f64 / result.batches as f64
     } else {
         0.0
     };
     result.saturated = result.unacked_at_deadline > 0
-        || (opts.rate_rps > 0.0 && result.throughput_rps < 0.95 * opts.rate_rps)
-        || result.error_records > 0;
+        || (opts.rate_rps > 0.0 && result.throughput_rps < 0.95 * opts.rate_rps);
     result.elapsed_s = start.elapsed().as_secs_f64();
     let seconds = result.elapsed_s.ceil() as usize;
     result.timeline = live
@@ -663,6 +690,7 @@ fn read_responses(
     let window_end = start + opts.duration;
     let mut out = ReaderOut {
         histogram: stats::new_histogram(),
+        per_second: Vec::new(),
         acked_in_window: 0,
         last_ack: None,
         errors: Default::default(),
@@ -713,11 +741,16 @@ fn read_responses(
             }
             acked_records += times.len() as u64;
             for &t in times {
+                let latency = Duration::from_nanos(acked_ns.saturating_sub(t));
                 if t >= warmup_ns && t < duration_ns {
-                    stats::record_us(
-                        &mut out.histogram,
-                        Duration::from_nanos(acked_ns.saturating_sub(t)),
-                    );
+                    stats::record_us(&mut out.histogram, latency);
+                }
+                let second = (t / 1_000_000_000) as usize;
+                if second < PER_SECOND_HISTOGRAMS_MAX {
+                    while out.per_second.len() <= second {
+                        out.per_second.push(stats::new_coarse_histogram());
+                    }
+                    stats::record_us(&mut out.per_second[second], latency);
                 }
             }
         }

@@ -19,6 +19,11 @@ pub fn new_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, LATENCY_US_MAX, 3).expect("valid histogram bounds")
 }
 
+/// Two significant digits: for the many small per-second histograms of a timeline.
+pub fn new_coarse_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, LATENCY_US_MAX, 2).expect("valid histogram bounds")
+}
+
 pub fn record_us(h: &mut Histogram<u64>, d: Duration) {
     let us = (d.as_micros() as u64).clamp(1, LATENCY_US_MAX);
     h.saturating_record(us);

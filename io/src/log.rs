@@ -28,8 +28,9 @@ use crate::{LogConfig, LogError};
 const ALIGN: u64 = 4096;
 /// Largest single write the flusher submits.
 const WRITE_CHUNK_BYTES_MAX: usize = 4 << 20;
-/// First preallocation of a segment; later ones double up to `LogConfig::preallocate_bytes`.
-const PREALLOCATE_MIN_BYTES: u64 = 1 << 20;
+/// First preallocation of a segment (small: 10,000 partitions reserve 640 MiB, not 10 GiB);
+/// later ones double up to `LogConfig::preallocate_bytes`.
+const PREALLOCATE_MIN_BYTES: u64 = 64 << 10;
 /// Read size used while scanning a segment during recovery.
 const SCAN_CHUNK_BYTES: usize = 1 << 20;
 /// File in the partition directory that remembers the log start offset (DeleteRecords).
@@ -118,6 +119,10 @@ impl Log {
             // A closed segment whose index files fit needs nothing more; one whose indexes
             // were rebuilt gets them written by `finish_closed_segments`.
             segment.finalized = !last && indexes_loaded;
+            if segment.finalized {
+                // Closed for good: no write handle needed (one descriptor per segment at most).
+                segment.file = None;
+            }
             segments.push(segment);
         }
         let persisted_start = std::fs::read_to_string(dir.join(LOG_START_FILE))
@@ -425,11 +430,9 @@ impl Log {
                     .await
                     .map_err(|e| io_error("syncing", &self.dir, e))?;
                 let _ = dir.close().await;
-                let reader = open_reader(&path).await?;
                 let mut st = self.state.borrow_mut();
                 let seg = find_segment_mut(&mut st.segments, base).expect("segment exists");
                 seg.file = Some(f.clone());
-                seg.reader = Some(reader);
                 f
             }
         };
@@ -567,6 +570,7 @@ impl Log {
             if let Some(seg) = find_segment_mut(&mut st.segments, base) {
                 seg.finalizing = false;
                 seg.finalized = true;
+                seg.file = None;
             }
         }
     }
@@ -613,7 +617,11 @@ impl Log {
             }
             return Ok(bytes);
         }
-        for (file, start_pos, end_pos, seg_offset) in disk_plan {
+        for (base, reader, start_pos, end_pos, seg_offset) in disk_plan {
+            let file = match reader {
+                Some(f) => f,
+                None => self.open_segment_reader(base).await?,
+            };
             let read = read_from_segment(
                 &file,
                 start_pos,
@@ -629,6 +637,23 @@ impl Log {
             }
         }
         Ok(Bytes::new())
+    }
+
+    /// Read handles are opened on the first read that misses the tail cache, so a partition
+    /// read only from the cache (most of 10,000 busy partitions) holds one descriptor, not two.
+    async fn open_segment_reader(&self, base: i64) -> Result<Rc<BufferedFile>, LogError> {
+        let path = self
+            .dir
+            .join(format!("{}.log", crate::segment::file_stem(base)));
+        let reader = open_reader(&path).await?;
+        let mut st = self.state.borrow_mut();
+        if let Some(seg) = find_segment_mut(&mut st.segments, base) {
+            match &seg.reader {
+                Some(existing) => return Ok(existing.clone()),
+                None => seg.reader = Some(reader.clone()),
+            }
+        }
+        Ok(reader)
     }
 
     /// The first batch, at or after `log_start`, whose largest timestamp is >= `timestamp`.
@@ -841,18 +866,28 @@ fn collect_cached(
     }
 }
 
-/// For a read at `offset`: the segments to try in order, as (file, start position, durable
-/// end, offset to look for). Usually one; more when the offset falls in a gap.
-fn plan_disk_read(segments: &[Segment], offset: i64) -> Vec<(Rc<BufferedFile>, u64, u64, i64)> {
+/// A segment to read from: its base, its read handle if already open, the position to start
+/// at, the durable end, and the offset to look for.
+type ReadPlan = (i64, Option<Rc<BufferedFile>>, u64, u64, i64);
+
+/// For a read at `offset`: the segments to try in order. Usually one; more when the offset
+/// falls in a gap.
+fn plan_disk_read(segments: &[Segment], offset: i64) -> Vec<ReadPlan> {
     let i = segments
         .partition_point(|s| s.base_offset <= offset)
         .saturating_sub(1);
     segments[i..]
         .iter()
-        .filter_map(|s| {
-            let file = s.reader.clone()?;
+        .filter(|s| s.synced > 0)
+        .map(|s| {
             let target = offset.max(s.base_offset);
-            Some((file, s.position_for(target), s.synced, target))
+            (
+                s.base_offset,
+                s.reader.clone(),
+                s.position_for(target),
+                s.synced,
+                target,
+            )
         })
         .take(4)
         .collect()
@@ -1129,7 +1164,7 @@ async fn recover_segment(
         seg.tail = r.to_vec();
     }
     seg.file = Some(Rc::new(file));
-    seg.reader = Some(reader);
+    // The scan's read handle is dropped here; reads reopen one when they need the disk.
     Ok(index_loaded)
 }
 

@@ -26,7 +26,7 @@ pub(crate) struct Segment {
     pub path_stem: PathBuf,
     /// Created by the flusher on first write; `None` for a segment nothing was written to yet.
     pub file: Option<Rc<DmaFile>>,
-    /// Buffered handle for reads (see `log::open_reader`).
+    /// Buffered handle for reads (see `log::open_reader`), opened on the first disk read.
     pub reader: Option<Rc<BufferedFile>>,
     /// Logical bytes appended (accepted into memory).
     pub size: u64,

@@ -40,8 +40,12 @@ def test_segments_roll_and_retention_bytes_deletes_oldest(broker):
         producer.produce(topic, value=f"{i:08d}".encode() + b"x" * (RECORD_BYTES - 8), partition=0)
     assert producer.flush(60) == 0
 
-    part_dir = broker.data_dir / f"{topic}-0"
+    # ferrolog keeps partitions directly in log.dirs; the Apache start script uses data/log.
+    dirs = [d for d in broker.data_dir.rglob(f"{topic}-0") if d.is_dir()]
+    assert len(dirs) == 1, dirs
+    part_dir = dirs[0]
     logs = sorted(p.name for p in part_dir.glob("*.log"))
+    assert len(logs) >= 3, f"7 MB in 1 MiB segments should have rolled: {logs}"
     assert all(len(n) == len("00000000000000000000.log") and n[:20].isdigit() for n in logs), logs
     # Retention runs every log.retention.check.interval.ms and may take more than one pass.
     def retained():

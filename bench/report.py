@@ -12,6 +12,9 @@ from pathlib import Path
 
 SCHEMA_VERSION = 1
 
+# A run during which other processes used more of the machine than this is called out as noisy.
+NOISY_OTHER_CPU_PCT = 20
+
 # (label, workload, step, metric, higher_is_better)
 HEADLINE = [
     ("Max produce throughput, closed loop (MB/s)", "max-throughput", None, "throughput_mbps", True),
@@ -24,6 +27,7 @@ HEADLINE = [
     ("Catch-up read throughput (MB/s)", "catch-up", None, "throughput_mbps", True),
     ("Catch-up broker CPU (CPU-s per GiB read)", "catch-up", None, "broker_cpu_s_per_gib", False),
     ("Produce broker CPU at max throughput (CPU-s per GiB)", "max-throughput", None, "broker_cpu_s_per_gib", False),
+    ("Same, with kernel threads (writeback, journal) (CPU-s per GiB)", "max-throughput", None, "broker_and_kernel_cpu_s_per_gib", False),
     ("Restart to first acked produce (ms)", "startup", None, "restart_to_ack_ms", False),
     ("Resident memory idle (MB)", "startup", None, "idle_rss_mb", False),
     ("Resident memory under max load, peak (MB)", "max-throughput", None, "broker_rss_peak_mb", False),
@@ -326,6 +330,7 @@ def write(h, interrupted):
         "configs": configs,
         "ferrolog_cores": h.args.ferrolog_cores,
         "kafka_reference_rps": getattr(h, "kafka_max_rps", None),
+        "quiet_wait_s": round(getattr(h, "quiet_wait_s", 0.0), 1),
         "hardware": h.hw,
         "hardware_percentages": hw_rows,
         "settings": h.settings,
@@ -366,9 +371,14 @@ def markdown(h, r, summary):
     if others:
         add("")
         add(f"Background load (CPU used by other processes during measurements, % of all cores): median {fmt(statistics.median(others))}, "
-            f"max {fmt(max(others))}. This counts other users of the machine but also kernel threads working for the brokers "
-            f"(ext4 journal commits after fsyncs, block I/O completion). "
+            f"max {fmt(max(others))}" + (" (kernel threads, such as the writeback of Kafka's page cache, are counted apart, as "
+            "`kernel_threads_cpu_s`). " if any("kernel_threads_cpu_s" in x["metrics"] for x in r["runs"]) else
+            ". This run predates the split of kernel threads from other processes: the figure also holds kernel threads "
+            "working for the brokers, such as the writeback of Kafka's page cache (hence Kafka's higher share). ") +
             f"{'**The machine was shared while this ran; treat the spread as noise.**' if max(others) > 10 else ''}")
+        if r.get("quiet_wait_s"):
+            add(f"Before each measurement the harness waited (at most 90 s) for other processes to use less than 15% of the "
+                f"machine: {fmt(r['quiet_wait_s'])} s of waiting in all.")
     add("")
     add("## Headline")
     add("")
@@ -447,6 +457,12 @@ def markdown(h, r, summary):
             add("|" + "---|" * (1 + len(configs)))
             for metric in metrics:
                 add(f"| {metric} | " + " | ".join(cell(metrics[metric].get(c)) for c in configs) + " |")
+            add("")
+        noisy = [x for x in r["runs"] if x["workload"] == w and (x["metrics"].get("other_cpu_pct") or 0) > NOISY_OTHER_CPU_PCT]
+        if noisy:
+            add(f"Runs during which other processes used more than {NOISY_OTHER_CPU_PCT}% of the machine: " + ", ".join(
+                f"{x['config']} rep {x['rep'] + 1}{' step ' + str(x['step']) if x['step'] is not None else ''} "
+                f"({fmt(x['metrics']['other_cpu_pct'])}%)" for x in noisy) + ".")
             add("")
         flags = [x for x in r["runs"] if x["workload"] == w and (behind(x["metrics"]) or x["metrics"].get("broke_down"))]
         if flags:

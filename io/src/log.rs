@@ -400,12 +400,15 @@ impl Log {
     }
 
     async fn write_segment(&self, base: i64, chunks: &[Pending]) -> Result<(), LogError> {
-        let (file, synced, path, segment_bytes, step) = {
+        // Only the flusher changes `synced`, `allocated` and `tail`, so one look suffices.
+        let (file, synced, allocated, head, path, segment_bytes, step) = {
             let st = self.state.borrow();
             let seg = find_segment(&st.segments, base).expect("pending segment exists");
             (
                 seg.file.clone(),
                 seg.synced,
+                seg.allocated,
+                seg.tail.clone(),
                 seg.log_path(),
                 st.config.segment_bytes,
                 st.config.preallocate_bytes,
@@ -439,7 +442,6 @@ impl Log {
         let added: usize = chunks.iter().map(|c| c.bytes.len()).sum();
         let end = synced + added as u64;
         // Preallocate in large steps so the file is not fragmented by many small extensions.
-        let allocated = self.segment_allocated(base);
         if end > allocated {
             // Grow geometrically from PREALLOCATE_MIN_BYTES up to the configured step, so a
             // partition that holds little data reserves little disk (10,000 idle partitions
@@ -463,13 +465,6 @@ impl Log {
         }
         // The partial page at the current end is rewritten whole, from the copy kept in memory.
         let aligned_start = synced / ALIGN * ALIGN;
-        let head = {
-            let st = self.state.borrow();
-            find_segment(&st.segments, base)
-                .expect("segment exists")
-                .tail
-                .clone()
-        };
         let head_len = head.len();
         assert_eq!(
             head_len as u64,
@@ -516,11 +511,6 @@ impl Log {
             assert!(seg.synced <= seg.size, "synced past the segment size");
         }
         Ok(())
-    }
-
-    fn segment_allocated(&self, base: i64) -> u64 {
-        let st = self.state.borrow();
-        find_segment(&st.segments, base).map_or(0, |s| s.allocated)
     }
 
     /// Rolled segments whose bytes are all on disk get their exact size (no padding) and

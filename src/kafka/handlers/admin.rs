@@ -157,39 +157,28 @@ pub async fn create_partitions(
     count: i32,
     validate_only: bool,
 ) -> Result<(), BrokerError> {
-    shard
-        .on_controller(move |shard| {
-            async move {
-                shard.with_controller(|c| {
-                    let t = c.topic_mut(&name).ok_or(BrokerError::UnknownTopicOrPartition)?;
-                    if count < t.partitions {
-                        return Err(BrokerError::InvalidPartitions(format!(
-                            "Topic currently has {} partitions, which is higher than the requested {count}.",
-                            t.partitions
-                        )));
-                    }
-                    if count == t.partitions {
-                        return Err(BrokerError::InvalidPartitions(format!(
-                            "Topic already has {} partitions.",
-                            t.partitions
-                        )));
-                    }
-                    if count > PARTITIONS_MAX {
-                        return Err(BrokerError::InvalidPartitions(format!("Number of partitions must be at most {PARTITIONS_MAX}.")));
-                    }
-                    if !validate_only {
-                        t.partitions = count;
-                    }
-                    Ok(())
-                })?;
-                if !validate_only {
-                    shard.commit_metadata().await?;
-                }
-                Ok(())
-            }
-            .boxed_local()
-        })
-        .await
+    change_topic(shard, name, validate_only, move |t| {
+        if count < t.partitions {
+            return Err(BrokerError::InvalidPartitions(format!(
+                "Topic currently has {} partitions, which is higher than the requested {count}.",
+                t.partitions
+            )));
+        }
+        if count == t.partitions {
+            return Err(BrokerError::InvalidPartitions(format!(
+                "Topic already has {} partitions.",
+                t.partitions
+            )));
+        }
+        if count > PARTITIONS_MAX {
+            return Err(BrokerError::InvalidPartitions(format!(
+                "Number of partitions must be at most {PARTITIONS_MAX}."
+            )));
+        }
+        t.partitions = count;
+        Ok(())
+    })
+    .await
 }
 
 /// A change to a topic's config overrides, run on the controller.
@@ -203,6 +192,24 @@ pub async fn alter_topic_configs(
     edit: ConfigEdit,
     validate_only: bool,
 ) -> Result<(), BrokerError> {
+    change_topic(shard, name, validate_only, move |t| {
+        edit(&mut t.configs)?;
+        validate_configs(&t.configs)
+    })
+    .await
+}
+
+/// Runs `change` on a copy of one topic's record on the controller; unless `validate_only`,
+/// the copy replaces the record and the new metadata is persisted and published.
+async fn change_topic<F>(
+    shard: &Rc<Shard>,
+    name: String,
+    validate_only: bool,
+    change: F,
+) -> Result<(), BrokerError>
+where
+    F: FnOnce(&mut TopicRecord) -> Result<(), BrokerError> + Send + 'static,
+{
     shard
         .on_controller(move |shard| {
             async move {
@@ -210,11 +217,10 @@ pub async fn alter_topic_configs(
                     let t = c
                         .topic_mut(&name)
                         .ok_or(BrokerError::UnknownTopicOrPartition)?;
-                    let mut configs = t.configs.clone();
-                    edit(&mut configs)?;
-                    validate_configs(&configs)?;
+                    let mut changed = t.clone();
+                    change(&mut changed)?;
                     if !validate_only {
-                        t.configs = configs;
+                        *t = changed;
                     }
                     Ok(())
                 })?;

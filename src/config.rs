@@ -39,6 +39,98 @@ pub struct BrokerConfig {
     pub retention_check_interval_ms: u64,
     /// Broker-level defaults of topic configs (`log.segment.bytes` -> `segment.bytes`, ...).
     pub topic_defaults: BTreeMap<&'static str, String>,
+    /// The group coordinator's configs.
+    pub group: GroupConfig,
+}
+
+/// The group coordinator's configs, with Kafka 4.1's names and defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupConfig {
+    /// `offsets.topic.num.partitions` (default 50): partitions of `__consumer_offsets`.
+    pub offsets_topic_partitions: i32,
+    /// `offsets.topic.segment.bytes` (default 100 MiB).
+    pub offsets_topic_segment_bytes: i64,
+    /// `offsets.retention.minutes` (default 7 days), in ms: how long the offsets of an empty
+    /// group (or of a standalone consumer) are kept after the group emptied or the commit.
+    pub offsets_retention_ms: i64,
+    /// `offsets.retention.check.interval.ms` (default 600000).
+    pub offsets_retention_check_interval_ms: i64,
+    /// `offset.metadata.max.bytes` (default 4096).
+    pub offset_metadata_max_bytes: usize,
+    /// `group.initial.rebalance.delay.ms` (default 3000): how long a new classic group waits
+    /// for more members before its first rebalance completes.
+    pub initial_rebalance_delay_ms: i64,
+    /// `group.min.session.timeout.ms` (default 6000).
+    pub min_session_timeout_ms: i32,
+    /// `group.max.session.timeout.ms` (default 1800000).
+    pub max_session_timeout_ms: i32,
+    /// `group.max.size` (default unbounded): members of one classic group.
+    pub max_size: usize,
+    /// `group.consumer.session.timeout.ms` (default 45000): KIP-848 member session timeout.
+    pub consumer_session_timeout_ms: i32,
+    /// `group.consumer.min.session.timeout.ms` (default 45000).
+    pub consumer_min_session_timeout_ms: i32,
+    /// `group.consumer.max.session.timeout.ms` (default 60000).
+    pub consumer_max_session_timeout_ms: i32,
+    /// `group.consumer.heartbeat.interval.ms` (default 5000).
+    pub consumer_heartbeat_interval_ms: i32,
+    /// `group.consumer.min.heartbeat.interval.ms` (default 5000).
+    pub consumer_min_heartbeat_interval_ms: i32,
+    /// `group.consumer.max.heartbeat.interval.ms` (default 15000).
+    pub consumer_max_heartbeat_interval_ms: i32,
+    /// `group.consumer.max.size` (default unbounded): members of one KIP-848 group.
+    pub consumer_max_size: usize,
+    /// `group.consumer.assignors` (default uniform, range): the server-side assignors, the
+    /// first being the default.
+    pub consumer_assignors: Vec<String>,
+}
+
+impl Default for GroupConfig {
+    fn default() -> Self {
+        GroupConfig {
+            offsets_topic_partitions: 50,
+            offsets_topic_segment_bytes: 104_857_600,
+            offsets_retention_ms: 10_080 * 60_000,
+            offsets_retention_check_interval_ms: 600_000,
+            offset_metadata_max_bytes: 4096,
+            initial_rebalance_delay_ms: 3000,
+            min_session_timeout_ms: 6000,
+            max_session_timeout_ms: 1_800_000,
+            max_size: i32::MAX as usize,
+            consumer_session_timeout_ms: 45_000,
+            consumer_min_session_timeout_ms: 45_000,
+            consumer_max_session_timeout_ms: 60_000,
+            consumer_heartbeat_interval_ms: 5000,
+            consumer_min_heartbeat_interval_ms: 5000,
+            consumer_max_heartbeat_interval_ms: 15_000,
+            consumer_max_size: i32::MAX as usize,
+            consumer_assignors: vec!["uniform".into(), "range".into()],
+        }
+    }
+}
+
+impl GroupConfig {
+    /// Kafka's cross-field checks (`GroupCoordinatorConfig`).
+    fn check(&self) -> anyhow::Result<()> {
+        if self.min_session_timeout_ms > self.max_session_timeout_ms {
+            bail!("group.min.session.timeout.ms must not exceed group.max.session.timeout.ms");
+        }
+        let c = self;
+        if !(c.consumer_min_session_timeout_ms..=c.consumer_max_session_timeout_ms)
+            .contains(&c.consumer_session_timeout_ms)
+        {
+            bail!("group.consumer.session.timeout.ms must be between group.consumer.min.session.timeout.ms and group.consumer.max.session.timeout.ms");
+        }
+        if !(c.consumer_min_heartbeat_interval_ms..=c.consumer_max_heartbeat_interval_ms)
+            .contains(&c.consumer_heartbeat_interval_ms)
+        {
+            bail!("group.consumer.heartbeat.interval.ms must be between group.consumer.min.heartbeat.interval.ms and group.consumer.max.heartbeat.interval.ms");
+        }
+        if c.consumer_heartbeat_interval_ms >= c.consumer_session_timeout_ms {
+            bail!("group.consumer.heartbeat.interval.ms must be less than group.consumer.session.timeout.ms");
+        }
+        Ok(())
+    }
 }
 
 /// One topic-level config: its Kafka name, the broker key that sets its default, the default,
@@ -403,10 +495,9 @@ const IGNORED_BROKER_KEYS: &[&str] = &[
     "socket.send.buffer.bytes",
     "socket.receive.buffer.bytes",
     "offsets.topic.replication.factor",
-    "offsets.topic.num.partitions",
     "transaction.state.log.replication.factor",
     "transaction.state.log.min.isr",
-    "group.initial.rebalance.delay.ms",
+    "group.coordinator.rebalance.protocols",
     "share.coordinator.state.topic.replication.factor",
     "share.coordinator.state.topic.min.isr",
     "log.flush.interval.messages",
@@ -435,6 +526,7 @@ impl Default for BrokerConfig {
             socket_request_max_bytes: 104_857_600,
             retention_check_interval_ms: 300_000,
             topic_defaults,
+            group: GroupConfig::default(),
         }
     }
 }
@@ -568,6 +660,71 @@ impl BrokerConfig {
                 "log.retention.ms" => prefer(&mut retention, 3, int(-1, i64::MAX)?),
                 "log.roll.hours" => prefer(&mut roll, 1, int(1, i64::MAX / 3_600_000)? * 3_600_000),
                 "log.roll.ms" => prefer(&mut roll, 2, int(1, i64::MAX)?),
+                "offsets.topic.num.partitions" => {
+                    self.group.offsets_topic_partitions = int(1, 100_000)? as i32
+                }
+                "offsets.topic.segment.bytes" => {
+                    self.group.offsets_topic_segment_bytes = int(1, i64::from(i32::MAX))?
+                }
+                "offsets.retention.minutes" => {
+                    self.group.offsets_retention_ms = int(1, i64::from(i32::MAX))? * 60_000
+                }
+                "offsets.retention.check.interval.ms" => {
+                    self.group.offsets_retention_check_interval_ms = int(1, i64::MAX)?
+                }
+                "offset.metadata.max.bytes" => {
+                    self.group.offset_metadata_max_bytes = int(0, i64::from(i32::MAX))? as usize
+                }
+                "group.initial.rebalance.delay.ms" => {
+                    self.group.initial_rebalance_delay_ms = int(0, i64::from(i32::MAX))?
+                }
+                "group.min.session.timeout.ms" => {
+                    self.group.min_session_timeout_ms = int(1, i64::from(i32::MAX))? as i32
+                }
+                "group.max.session.timeout.ms" => {
+                    self.group.max_session_timeout_ms = int(1, i64::from(i32::MAX))? as i32
+                }
+                "group.max.size" => self.group.max_size = int(1, i64::from(i32::MAX))? as usize,
+                "group.consumer.session.timeout.ms" => {
+                    self.group.consumer_session_timeout_ms = int(1, i64::from(i32::MAX))? as i32
+                }
+                "group.consumer.min.session.timeout.ms" => {
+                    self.group.consumer_min_session_timeout_ms = int(1, i64::from(i32::MAX))? as i32
+                }
+                "group.consumer.max.session.timeout.ms" => {
+                    self.group.consumer_max_session_timeout_ms = int(1, i64::from(i32::MAX))? as i32
+                }
+                "group.consumer.heartbeat.interval.ms" => {
+                    self.group.consumer_heartbeat_interval_ms = int(1, i64::from(i32::MAX))? as i32
+                }
+                "group.consumer.min.heartbeat.interval.ms" => {
+                    self.group.consumer_min_heartbeat_interval_ms =
+                        int(1, i64::from(i32::MAX))? as i32
+                }
+                "group.consumer.max.heartbeat.interval.ms" => {
+                    self.group.consumer_max_heartbeat_interval_ms =
+                        int(1, i64::from(i32::MAX))? as i32
+                }
+                "group.consumer.max.size" => {
+                    self.group.consumer_max_size = int(1, i64::from(i32::MAX))? as usize
+                }
+                "group.consumer.assignors" => {
+                    let mut names = Vec::new();
+                    for a in v.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+                        // Kafka takes class names; its two built-in assignors are named
+                        // "uniform" and "range" on the wire.
+                        let name = match a {
+                            "uniform" | "org.apache.kafka.coordinator.group.assignor.UniformAssignor" => "uniform",
+                            "range" | "org.apache.kafka.coordinator.group.assignor.RangeAssignor" => "range",
+                            other => bail!("{key}={v}: unknown assignor {other:?} (ferrolog has uniform and range)"),
+                        };
+                        names.push(name.to_string());
+                    }
+                    if names.is_empty() {
+                        bail!("{key} is empty");
+                    }
+                    self.group.consumer_assignors = names;
+                }
                 k if IGNORED_BROKER_KEYS.contains(&k) => {
                     tracing::warn!(
                         key = k,
@@ -590,7 +747,7 @@ impl BrokerConfig {
         if roll.0 > 0 {
             self.set_topic_default("segment.ms", &roll.1.to_string(), "log.roll.*")?;
         }
-        Ok(())
+        self.group.check()
     }
 
     fn set_topic_default(

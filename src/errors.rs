@@ -56,6 +56,46 @@ pub enum BrokerError {
     Storage(String),
     #[error("The version of API is not supported.")]
     UnsupportedVersion,
+    #[error("This is not the correct coordinator.")]
+    NotCoordinator,
+    #[error("{0}")]
+    CoordinatorNotAvailable(String),
+    #[error("The coordinator is loading and hence can't process requests.")]
+    CoordinatorLoadInProgress,
+    #[error("The group id is invalid.")]
+    InvalidGroupId,
+    #[error("The coordinator is not aware of this member.")]
+    UnknownMemberId,
+    #[error("The session timeout is not within the range allowed by the broker (as configured by group.min.session.timeout.ms and group.max.session.timeout.ms).")]
+    InvalidSessionTimeout,
+    #[error("The group is rebalancing, so a rejoin is needed.")]
+    RebalanceInProgress,
+    #[error("Specified group generation id is not valid.")]
+    IllegalGeneration,
+    #[error("The group member's supported protocols are incompatible with those of existing members or first group member tried to join with empty protocol type or empty protocol list.")]
+    InconsistentGroupProtocol,
+    #[error("The group member needs to have a valid member id before actually entering a consumer group.")]
+    MemberIdRequired,
+    #[error("The broker rejected this static consumer since another consumer with the same group.instance.id has registered with a different member.id.")]
+    FencedInstanceId,
+    #[error("{0}")]
+    GroupIdNotFound(String),
+    #[error("The group is not empty.")]
+    NonEmptyGroup,
+    #[error("The consumer group is actively subscribed to the topic.")]
+    GroupSubscribedToTopic,
+    #[error("The metadata field of the offset request was too large.")]
+    OffsetMetadataTooLarge,
+    #[error("The group has reached its maximum size.")]
+    GroupMaxSizeReached,
+    #[error("The member epoch is fenced by the group coordinator. The member must abandon all its partitions and rejoin.")]
+    FencedMemberEpoch,
+    #[error("The member epoch is stale. The member must retry after receiving its updated member epoch via the ConsumerGroupHeartbeat API.")]
+    StaleMemberEpoch,
+    #[error("{0}")]
+    UnsupportedAssignor(String),
+    #[error("{0}")]
+    UnreleasedInstanceId(String),
 }
 
 impl BrokerError {
@@ -107,6 +147,26 @@ pub fn kafka_error(e: &BrokerError) -> ResponseError {
         BrokerError::OffsetOutOfRange => ResponseError::OffsetOutOfRange,
         BrokerError::Storage(_) => ResponseError::KafkaStorageError,
         BrokerError::UnsupportedVersion => ResponseError::UnsupportedVersion,
+        BrokerError::NotCoordinator => ResponseError::NotCoordinator,
+        BrokerError::CoordinatorNotAvailable(_) => ResponseError::CoordinatorNotAvailable,
+        BrokerError::CoordinatorLoadInProgress => ResponseError::CoordinatorLoadInProgress,
+        BrokerError::InvalidGroupId => ResponseError::InvalidGroupId,
+        BrokerError::UnknownMemberId => ResponseError::UnknownMemberId,
+        BrokerError::InvalidSessionTimeout => ResponseError::InvalidSessionTimeout,
+        BrokerError::RebalanceInProgress => ResponseError::RebalanceInProgress,
+        BrokerError::IllegalGeneration => ResponseError::IllegalGeneration,
+        BrokerError::InconsistentGroupProtocol => ResponseError::InconsistentGroupProtocol,
+        BrokerError::MemberIdRequired => ResponseError::MemberIdRequired,
+        BrokerError::FencedInstanceId => ResponseError::FencedInstanceId,
+        BrokerError::GroupIdNotFound(_) => ResponseError::GroupIdNotFound,
+        BrokerError::NonEmptyGroup => ResponseError::NonEmptyGroup,
+        BrokerError::GroupSubscribedToTopic => ResponseError::GroupSubscribedToTopic,
+        BrokerError::OffsetMetadataTooLarge => ResponseError::OffsetMetadataTooLarge,
+        BrokerError::GroupMaxSizeReached => ResponseError::GroupMaxSizeReached,
+        BrokerError::FencedMemberEpoch => ResponseError::FencedMemberEpoch,
+        BrokerError::StaleMemberEpoch => ResponseError::StaleMemberEpoch,
+        BrokerError::UnsupportedAssignor(_) => ResponseError::UnsupportedAssignor,
+        BrokerError::UnreleasedInstanceId(_) => ResponseError::UnreleasedInstanceId,
     }
 }
 
@@ -146,6 +206,26 @@ mod tests {
             (BrokerError::TopicDeletionDisabled, 73),
             (BrokerError::InvalidRecord(String::new()), 87),
             (BrokerError::UnknownTopicId, 100),
+            (BrokerError::CoordinatorLoadInProgress, 14),
+            (BrokerError::CoordinatorNotAvailable(String::new()), 15),
+            (BrokerError::NotCoordinator, 16),
+            (BrokerError::IllegalGeneration, 22),
+            (BrokerError::InconsistentGroupProtocol, 23),
+            (BrokerError::InvalidGroupId, 24),
+            (BrokerError::UnknownMemberId, 25),
+            (BrokerError::InvalidSessionTimeout, 26),
+            (BrokerError::RebalanceInProgress, 27),
+            (BrokerError::OffsetMetadataTooLarge, 12),
+            (BrokerError::NonEmptyGroup, 68),
+            (BrokerError::GroupIdNotFound(String::new()), 69),
+            (BrokerError::MemberIdRequired, 79),
+            (BrokerError::GroupMaxSizeReached, 81),
+            (BrokerError::FencedInstanceId, 82),
+            (BrokerError::GroupSubscribedToTopic, 86),
+            (BrokerError::FencedMemberEpoch, 110),
+            (BrokerError::UnreleasedInstanceId(String::new()), 111),
+            (BrokerError::UnsupportedAssignor(String::new()), 112),
+            (BrokerError::StaleMemberEpoch, 113),
         ];
         for (e, code) in table {
             assert_eq!(e.code(), *code, "{e:?}");

@@ -10,6 +10,7 @@
 pub mod config;
 pub mod errors;
 pub mod fetch_session;
+pub mod group;
 pub mod kafka;
 pub mod metadata;
 pub mod partition;

@@ -22,6 +22,7 @@ use glommio::sync::Semaphore;
 use crate::config::BrokerConfig;
 use crate::errors::BrokerError;
 use crate::fetch_session::FetchSessions;
+use crate::group::{self, GroupCoordinator, OFFSETS_TOPIC};
 use crate::metadata::{shard_for, Controller, MetadataImage};
 use crate::partition::Partition;
 use crate::types::{now_ms, ShardId, TopicPartition};
@@ -55,6 +56,8 @@ pub struct Shard {
     /// Serialises controller changes (persist + publish) on shard 0.
     controller_lock: Semaphore,
     pub fetch_sessions: RefCell<FetchSessions>,
+    /// The groups of the `__consumer_offsets` partitions this shard owns.
+    pub groups: RefCell<GroupCoordinator>,
     /// Bounds the bytes of requests being read or served on this shard.
     pub request_memory: Rc<Semaphore>,
     ready: RefCell<Option<oneshot::Sender<()>>>,
@@ -236,6 +239,9 @@ impl Shard {
             .collect();
         for (tp, p) in gone {
             self.partitions.borrow_mut().remove(&tp);
+            if tp.topic == OFFSETS_TOPIC {
+                group::unload(self, tp.partition);
+            }
             let _ = p.log.close().await;
             let dir = p.log.dir().to_path_buf();
             if let Err(e) = std::fs::remove_dir_all(&dir) {
@@ -256,7 +262,10 @@ impl Shard {
             .await
             {
                 Ok(p) => {
-                    self.partitions.borrow_mut().insert(tp, p);
+                    self.partitions.borrow_mut().insert(tp.clone(), p.clone());
+                    if tp.topic == OFFSETS_TOPIC {
+                        group::load(self, tp.partition, p).await;
+                    }
                 }
                 Err(e) => {
                     tracing::error!(topic = %tp.topic, partition = tp.partition, error = %e,
@@ -409,6 +418,7 @@ async fn shard_main(
         controller: controller.map(RefCell::new),
         controller_lock: Semaphore::new(1),
         fetch_sessions: RefCell::new(FetchSessions::new(id)),
+        groups: RefCell::new(GroupCoordinator::default()),
         request_memory: Rc::new(Semaphore::new(REQUEST_MEMORY_BYTES)),
         ready: RefCell::new(Some(ready_tx)),
     });
@@ -431,6 +441,7 @@ async fn shard_main(
         .await
         .map_err(|_| anyhow::anyhow!("no metadata image arrived"))?;
     glommio::spawn_local(shard.clone().retention_loop()).detach();
+    glommio::spawn_local(group::tick_loop(shard.clone())).detach();
     glommio::spawn_local(shutdown_watch(shard.clone())).detach();
     crate::kafka::server::serve(shard).await
 }

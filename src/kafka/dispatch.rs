@@ -59,6 +59,19 @@ pub const HANDLERS: &[Handler] = &[
     h(ApiKey::CreatePartitions, 0, 3),
     h(ApiKey::IncrementalAlterConfigs, 0, 1),
     h(ApiKey::DescribeCluster, 0, 2),
+    h(ApiKey::FindCoordinator, 0, 6),
+    h(ApiKey::JoinGroup, 0, 9),
+    h(ApiKey::SyncGroup, 0, 5),
+    h(ApiKey::Heartbeat, 0, 4),
+    h(ApiKey::LeaveGroup, 0, 5),
+    h(ApiKey::OffsetCommit, 2, 9),
+    h(ApiKey::OffsetFetch, 1, 9),
+    h(ApiKey::DescribeGroups, 0, 6),
+    h(ApiKey::ListGroups, 0, 5),
+    h(ApiKey::DeleteGroups, 0, 2),
+    h(ApiKey::OffsetDelete, 0, 0),
+    h(ApiKey::ConsumerGroupHeartbeat, 0, 1),
+    h(ApiKey::ConsumerGroupDescribe, 0, 1),
 ];
 
 pub fn handler(key: ApiKey) -> Option<&'static Handler> {
@@ -184,6 +197,7 @@ pub fn decode(mut frame: Bytes) -> Result<Decoded, FrameError> {
 pub async fn start(
     shard: &Rc<Shard>,
     frame: Bytes,
+    client_host: &str,
 ) -> Result<LocalBoxFuture<'static, Reply<Response>>, FrameError> {
     let (key, version, header, body) = match decode(frame)? {
         Decoded::ApiVersionsTooNew { correlation_id } => {
@@ -202,6 +216,7 @@ pub async fn start(
         shard: shard.clone(),
         header,
         version,
+        client_host: client_host.to_string(),
     });
     let respond = move |body: ResponseKind| Response {
         correlation_id,
@@ -298,6 +313,84 @@ pub async fn start(
             )))
         }
         .boxed_local(),
+        RequestKind::FindCoordinator(req) => async move {
+            Reply::Send(respond(ResponseKind::FindCoordinator(
+                handlers::find_coordinator::handle(ctx, req).await,
+            )))
+        }
+        .boxed_local(),
+        RequestKind::JoinGroup(req) => async move {
+            Reply::Send(respond(ResponseKind::JoinGroup(
+                handlers::join_group::handle(ctx, req).await,
+            )))
+        }
+        .boxed_local(),
+        RequestKind::SyncGroup(req) => async move {
+            Reply::Send(respond(ResponseKind::SyncGroup(
+                handlers::sync_group::handle(ctx, req).await,
+            )))
+        }
+        .boxed_local(),
+        RequestKind::Heartbeat(req) => async move {
+            Reply::Send(respond(ResponseKind::Heartbeat(
+                handlers::heartbeat::handle(ctx, req).await,
+            )))
+        }
+        .boxed_local(),
+        RequestKind::LeaveGroup(req) => async move {
+            Reply::Send(respond(ResponseKind::LeaveGroup(
+                handlers::leave_group::handle(ctx, req).await,
+            )))
+        }
+        .boxed_local(),
+        RequestKind::OffsetCommit(req) => async move {
+            Reply::Send(respond(ResponseKind::OffsetCommit(
+                handlers::offset_commit::handle(ctx, req).await,
+            )))
+        }
+        .boxed_local(),
+        RequestKind::OffsetFetch(req) => async move {
+            Reply::Send(respond(ResponseKind::OffsetFetch(
+                handlers::offset_fetch::handle(ctx, req).await,
+            )))
+        }
+        .boxed_local(),
+        RequestKind::DescribeGroups(req) => async move {
+            Reply::Send(respond(ResponseKind::DescribeGroups(
+                handlers::describe_groups::handle(ctx, req).await,
+            )))
+        }
+        .boxed_local(),
+        RequestKind::ListGroups(req) => async move {
+            Reply::Send(respond(ResponseKind::ListGroups(
+                handlers::list_groups::handle(ctx, req).await,
+            )))
+        }
+        .boxed_local(),
+        RequestKind::DeleteGroups(req) => async move {
+            Reply::Send(respond(ResponseKind::DeleteGroups(
+                handlers::delete_groups::handle(ctx, req).await,
+            )))
+        }
+        .boxed_local(),
+        RequestKind::OffsetDelete(req) => async move {
+            Reply::Send(respond(ResponseKind::OffsetDelete(
+                handlers::offset_delete::handle(ctx, req).await,
+            )))
+        }
+        .boxed_local(),
+        RequestKind::ConsumerGroupHeartbeat(req) => async move {
+            Reply::Send(respond(ResponseKind::ConsumerGroupHeartbeat(
+                handlers::consumer_group_heartbeat::handle(ctx, req).await,
+            )))
+        }
+        .boxed_local(),
+        RequestKind::ConsumerGroupDescribe(req) => async move {
+            Reply::Send(respond(ResponseKind::ConsumerGroupDescribe(
+                handlers::consumer_group_describe::handle(ctx, req).await,
+            )))
+        }
+        .boxed_local(),
         other => {
             // The table and this match list the same APIs; a test checks it.
             unreachable!("API {:?} is in HANDLERS but has no arm", other)
@@ -336,6 +429,19 @@ mod tests {
         (ApiKey::CreatePartitions, 0, 3),
         (ApiKey::IncrementalAlterConfigs, 0, 1),
         (ApiKey::DescribeCluster, 0, 2),
+        (ApiKey::FindCoordinator, 0, 6),
+        (ApiKey::JoinGroup, 0, 9),
+        (ApiKey::SyncGroup, 0, 5),
+        (ApiKey::Heartbeat, 0, 4),
+        (ApiKey::LeaveGroup, 0, 5),
+        (ApiKey::OffsetCommit, 2, 9),
+        (ApiKey::OffsetFetch, 1, 9),
+        (ApiKey::DescribeGroups, 0, 6),
+        (ApiKey::ListGroups, 0, 5),
+        (ApiKey::DeleteGroups, 0, 2),
+        (ApiKey::OffsetDelete, 0, 0),
+        (ApiKey::ConsumerGroupHeartbeat, 0, 1),
+        (ApiKey::ConsumerGroupDescribe, 0, 1),
     ];
 
     #[test]

@@ -31,4 +31,17 @@ pub struct RequestContext {
     pub shard: Rc<Shard>,
     pub header: RequestHeader,
     pub version: i16,
+    /// The client's address as Kafka shows it in group descriptions ("/127.0.0.1").
+    pub client_host: String,
+}
+
+impl RequestContext {
+    /// The request header's client id ("" when absent).
+    pub fn client_id(&self) -> String {
+        self.header
+            .client_id
+            .as_ref()
+            .map(|c| c.to_string())
+            .unwrap_or_default()
+    }
 }

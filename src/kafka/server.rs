@@ -26,7 +26,8 @@ pub async fn serve(shard: Rc<Shard>) -> anyhow::Result<()> {
                 let shard = shard.clone();
                 glommio::spawn_local(async move {
                     let peer = stream.peer_addr().ok();
-                    if let Err(e) = connection(shard, stream).await {
+                    let client_host = peer.map(|p| format!("/{}", p.ip())).unwrap_or_default();
+                    if let Err(e) = connection(shard, stream, client_host).await {
                         tracing::debug!(?peer, error = %e, "connection closed");
                     }
                 })
@@ -45,7 +46,11 @@ struct InFlight {
     _memory: StaticPermit,
 }
 
-async fn connection(shard: Rc<Shard>, stream: TcpStream) -> anyhow::Result<()> {
+async fn connection(
+    shard: Rc<Shard>,
+    stream: TcpStream,
+    client_host: String,
+) -> anyhow::Result<()> {
     stream
         .set_nodelay(true)
         .map_err(|e| anyhow::anyhow!("set_nodelay: {e}"))?;
@@ -102,7 +107,7 @@ async fn connection(shard: Rc<Shard>, stream: TcpStream) -> anyhow::Result<()> {
                 .map_err(|_| anyhow::anyhow!("request memory closed"))?;
             let mut frame = vec![0u8; size as usize];
             reader.read_exact(&mut frame).await?;
-            let response = match dispatch::start(&shard, frame.into()).await {
+            let response = match dispatch::start(&shard, frame.into(), &client_host).await {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::info!(error = %e, "closing connection after an invalid request");

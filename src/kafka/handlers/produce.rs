@@ -13,6 +13,7 @@ use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
 use kafka_protocol::protocol::StrBytes;
 
 use crate::errors::BrokerError;
+use crate::group::OFFSETS_TOPIC;
 use crate::kafka::dispatch::Reply;
 use crate::kafka::RequestContext;
 use crate::partition::Appended;
@@ -50,6 +51,10 @@ pub async fn start(
                 (_, a) if !(a == -1 || a == 0 || a == 1) => Err(BrokerError::InvalidRequiredAcks),
                 (None, _) if ctx.version >= 13 => Err(BrokerError::UnknownTopicId),
                 (None, _) => Err(BrokerError::UnknownTopicOrPartition),
+                // Only the group coordinator writes its internal topic.
+                (Some(name), _) if name == OFFSETS_TOPIC => Err(BrokerError::InvalidTopic(
+                    format!("Cannot append to internal topic {name}"),
+                )),
                 (Some(name), _) => {
                     let tp = TopicPartition {
                         topic: name.clone(),

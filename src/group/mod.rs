@@ -1,0 +1,618 @@
+//! The group coordinator: consumer groups and their committed offsets.
+//!
+//! Groups live in the internal topic `__consumer_offsets` (`offsets.topic.num.partitions`
+//! partitions, compacted). A group belongs to partition `abs(javaHash(group id)) % partitions`,
+//! as in Kafka, and is served by the shard that owns that partition: its state is shard-local
+//! (`Shard::groups`), and every request for the group hops there (`on_group`). Each change
+//! that must survive a restart — a committed offset, a classic group's generation and
+//! assignments, a KIP-848 group's epoch, a deletion — is appended to that partition as a
+//! coordinator record in Kafka's key and value layouts (`codec`), and the request is answered
+//! once the append is durable. When a shard opens an offsets partition it replays it (`load`)
+//! and answers COORDINATOR_LOAD_IN_PROGRESS until it is done.
+//!
+//! Two group types share the offsets store: classic groups (`classic`, JoinGroup/SyncGroup)
+//! and KIP-848 consumer groups (`consumer`, ConsumerGroupHeartbeat). A group that only has
+//! offsets (a consumer using `assign` and committing) is an empty classic group without a
+//! protocol type, as in Kafka.
+//!
+//! Time reaches the state machines as a parameter; the shard's `tick_loop` drives their
+//! timeouts (sessions, rebalances) and offset expiry (`offsets.retention.minutes`).
+//!
+//! Not kept across a restart: the members of a KIP-848 group (only its epoch is written;
+//! members rejoin after UNKNOWN_MEMBER_ID, which every client does on its own).
+
+pub mod classic;
+pub mod codec;
+pub mod consumer;
+
+use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
+use std::time::Duration;
+
+use futures::future::LocalBoxFuture;
+use futures::FutureExt;
+
+use crate::config::GroupConfig;
+use crate::errors::BrokerError;
+use crate::group::classic::{ClassicGroup, Effects};
+use crate::group::codec::{CoordinatorRecord, OffsetValue};
+use crate::group::consumer::ConsumerGroup;
+use crate::partition::Partition;
+use crate::shard::Shard;
+use crate::types::{now_ms, TopicPartition};
+
+/// Kafka's internal topic for group metadata and committed offsets.
+pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
+/// How often a shard checks its groups' session and rebalance timeouts.
+const TICK_MS: u64 = 100;
+/// Bytes read per round while loading an offsets partition.
+const LOAD_READ_BYTES: usize = 1 << 20;
+
+/// The offsets partition of a group: Kafka's `Utils.abs(groupId.hashCode()) % partitions`,
+/// with Java's String hash over UTF-16 code units, so a group has the same partition here as
+/// in Apache Kafka.
+pub fn partition_for(group_id: &str, partitions: i32) -> i32 {
+    assert!(partitions > 0, "the offsets topic has partitions");
+    let mut h: i32 = 0;
+    for unit in group_id.encode_utf16() {
+        h = h.wrapping_mul(31).wrapping_add(i32::from(unit));
+    }
+    let abs = if h == i32::MIN { 0 } else { h.abs() };
+    abs % partitions
+}
+
+pub enum GroupKind {
+    Classic(ClassicGroup),
+    Consumer(ConsumerGroup),
+}
+
+pub struct Group {
+    /// The offsets partition that stores this group.
+    pub partition: i32,
+    pub kind: GroupKind,
+    /// Committed offsets by (topic, partition).
+    pub offsets: BTreeMap<(String, i32), OffsetValue>,
+}
+
+impl Group {
+    /// Kafka's state name for DescribeGroups / ListGroups.
+    pub fn state_name(&self) -> &'static str {
+        match &self.kind {
+            GroupKind::Classic(g) => g.state.name(),
+            GroupKind::Consumer(g) => g.state_name(),
+        }
+    }
+
+    /// "classic" or "consumer" (ListGroups v5 `group_type`).
+    pub fn type_name(&self) -> &'static str {
+        match &self.kind {
+            GroupKind::Classic(_) => "classic",
+            GroupKind::Consumer(_) => "consumer",
+        }
+    }
+
+    pub fn protocol_type(&self) -> String {
+        match &self.kind {
+            GroupKind::Classic(g) => g.protocol_type.clone().unwrap_or_default(),
+            GroupKind::Consumer(_) => "consumer".into(),
+        }
+    }
+
+    /// No members: offsets may expire and the group may be deleted.
+    pub fn has_no_members(&self) -> bool {
+        match &self.kind {
+            GroupKind::Classic(g) => g.is_empty(),
+            GroupKind::Consumer(g) => g.members.is_empty(),
+        }
+    }
+
+    /// Validates an OffsetCommit against the group (Kafka's `validateOffsetCommit`).
+    pub fn validate_offset_commit(
+        &mut self,
+        member_id: &str,
+        instance_id: Option<&str>,
+        generation_or_epoch: i32,
+        version: i16,
+        now_ms: i64,
+    ) -> Result<(), BrokerError> {
+        match &mut self.kind {
+            GroupKind::Classic(g) => {
+                g.validate_offset_commit(member_id, instance_id, generation_or_epoch, now_ms)
+            }
+            GroupKind::Consumer(g) => {
+                if generation_or_epoch < 0 && g.members.is_empty() {
+                    return Ok(());
+                }
+                match g.check_member_epoch(member_id, generation_or_epoch) {
+                    // KIP-848 members use OffsetCommit v9+; Kafka answers older versions so.
+                    Err(BrokerError::StaleMemberEpoch) if version < 9 => {
+                        Err(BrokerError::UnsupportedVersion)
+                    }
+                    r => r,
+                }
+            }
+        }
+    }
+
+    /// The record that persists the group's metadata (None for a group with offsets only).
+    pub fn metadata_record(&self, group_id: &str) -> Option<CoordinatorRecord> {
+        match &self.kind {
+            GroupKind::Classic(g) if g.protocol_type.is_none() && g.generation == 0 => None,
+            GroupKind::Classic(g) => Some(CoordinatorRecord::Group {
+                group: group_id.to_string(),
+                value: Some(g.to_value()),
+            }),
+            GroupKind::Consumer(g) => Some(CoordinatorRecord::ConsumerGroup {
+                group: group_id.to_string(),
+                value: Some(g.epoch),
+            }),
+        }
+    }
+}
+
+/// The groups of the offsets partitions one shard owns.
+#[derive(Default)]
+pub struct GroupCoordinator {
+    pub groups: HashMap<String, Group>,
+    /// Offsets partitions on this shard: false while loading.
+    partitions: HashMap<i32, bool>,
+}
+
+impl GroupCoordinator {
+    pub fn is_loaded(&self, partition: i32) -> bool {
+        self.partitions.get(&partition).copied().unwrap_or(false)
+    }
+
+    /// Whether any partition is still loading (ListGroups reports it).
+    pub fn loading(&self) -> bool {
+        self.partitions.values().any(|loaded| !loaded)
+    }
+
+    /// Applies one record read back from the log.
+    fn replay(&mut self, partition: i32, record: CoordinatorRecord, cfg: &GroupConfig, now: i64) {
+        let simple = || GroupKind::Classic(ClassicGroup::new(now, cfg.initial_rebalance_delay_ms));
+        fn entry(
+            groups: &mut HashMap<String, Group>,
+            group: String,
+            partition: i32,
+            kind: impl FnOnce() -> GroupKind,
+        ) -> &mut Group {
+            groups.entry(group).or_insert_with(|| Group {
+                partition,
+                kind: kind(),
+                offsets: BTreeMap::new(),
+            })
+        }
+        match record {
+            CoordinatorRecord::Offset {
+                group,
+                topic,
+                partition: p,
+                value,
+            } => match value {
+                Some(v) => {
+                    entry(&mut self.groups, group, partition, simple)
+                        .offsets
+                        .insert((topic, p), v);
+                }
+                None => {
+                    if let Some(g) = self.groups.get_mut(&group) {
+                        g.offsets.remove(&(topic, p));
+                    }
+                }
+            },
+            CoordinatorRecord::Group {
+                group,
+                value: Some(v),
+            } => {
+                entry(&mut self.groups, group, partition, simple).kind = GroupKind::Classic(
+                    ClassicGroup::from_value(v, now, cfg.initial_rebalance_delay_ms),
+                );
+            }
+            CoordinatorRecord::ConsumerGroup {
+                group,
+                value: Some(epoch),
+            } => {
+                let assignor = cfg.consumer_assignors[0].clone();
+                entry(&mut self.groups, group, partition, simple).kind =
+                    GroupKind::Consumer(ConsumerGroup::new(epoch, &assignor, now));
+            }
+            CoordinatorRecord::Group { group, value: None }
+            | CoordinatorRecord::ConsumerGroup { group, value: None } => {
+                if let Some(g) = self.groups.get_mut(&group) {
+                    g.kind = simple();
+                }
+            }
+            CoordinatorRecord::Other { .. } => {}
+        }
+    }
+
+    /// Groups left with neither metadata nor offsets after a replay or a deletion.
+    fn drop_vacant(&mut self) {
+        self.groups.retain(|_, g| {
+            !(g.offsets.is_empty()
+                && matches!(&g.kind, GroupKind::Classic(c) if c.protocol_type.is_none() && c.is_empty()))
+        });
+    }
+}
+
+/// Called when this shard opens an offsets partition: replays it into the coordinator.
+pub async fn load(shard: &Rc<Shard>, index: i32, partition: Rc<Partition>) {
+    shard.groups.borrow_mut().partitions.insert(index, false);
+    let started = std::time::Instant::now();
+    let end = partition.high_watermark();
+    let mut offset = partition.log.start_offset();
+    let mut records = 0usize;
+    let cfg = shard.config.group.clone();
+    while offset < end {
+        let bytes = match partition.read(offset, LOAD_READ_BYTES, true).await {
+            Ok(r) => r.records,
+            Err(e) => {
+                tracing::error!(partition = index, offset, error = %e,
+                    "cannot read the offsets partition; its groups stay unavailable");
+                return;
+            }
+        };
+        if bytes.is_empty() {
+            break;
+        }
+        let mut rest = &bytes[..];
+        let now = now_ms();
+        while !rest.is_empty() {
+            let header = match ferrolog_io::batch::verify(rest) {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::error!(partition = index, offset, error = %e,
+                        "damaged batch in the offsets partition; its groups stay unavailable");
+                    return;
+                }
+            };
+            let mut coordinator = shard.groups.borrow_mut();
+            let decoded = codec::decode_batch(&header, rest, |r| {
+                records += 1;
+                coordinator.replay(index, r, &cfg, now);
+            });
+            if let Err(e) = decoded {
+                tracing::warn!(partition = index, offset = header.base_offset, error = %e,
+                    "skipping a batch of the offsets partition that does not decode");
+            }
+            offset = header.next_offset();
+            rest = &rest[header.total_bytes()..];
+        }
+    }
+    let mut coordinator = shard.groups.borrow_mut();
+    coordinator.drop_vacant();
+    coordinator.partitions.insert(index, true);
+    let groups = coordinator
+        .groups
+        .values()
+        .filter(|g| g.partition == index)
+        .count();
+    tracing::info!(
+        partition = index,
+        records,
+        groups,
+        ms = started.elapsed().as_millis() as u64,
+        "loaded offsets partition"
+    );
+}
+
+/// Called when this shard drops an offsets partition (topic deleted).
+pub fn unload(shard: &Shard, index: i32) {
+    let mut c = shard.groups.borrow_mut();
+    c.partitions.remove(&index);
+    c.groups.retain(|_, g| g.partition != index);
+}
+
+/// Runs `f` on the shard that coordinates `group_id`, with its offsets partition. Fails with
+/// NOT_COORDINATOR when `__consumer_offsets` does not exist (FindCoordinator creates it) and
+/// COORDINATOR_LOAD_IN_PROGRESS while the partition loads.
+pub async fn on_group<T, F>(shard: &Rc<Shard>, group_id: &str, f: F) -> Result<T, BrokerError>
+where
+    T: Send + 'static,
+    F: FnOnce(Rc<Shard>, Rc<Partition>) -> LocalBoxFuture<'static, Result<T, BrokerError>>
+        + Send
+        + 'static,
+{
+    let image = shard.image();
+    let topic = image
+        .topic(OFFSETS_TOPIC)
+        .ok_or(BrokerError::NotCoordinator)?;
+    let tp = TopicPartition {
+        topic: OFFSETS_TOPIC.to_string(),
+        partition: partition_for(group_id, topic.partitions),
+    };
+    let owner = shard.owner_of(&image, &tp)?;
+    shard
+        .invoke_on(owner, move |s| {
+            let s = s.clone();
+            let Some(partition) = s.partition(&tp) else {
+                return async { Err(BrokerError::NotCoordinator) }.boxed_local();
+            };
+            if !s.groups.borrow().is_loaded(tp.partition) {
+                return async { Err(BrokerError::CoordinatorLoadInProgress) }.boxed_local();
+            }
+            f(s, partition)
+        })
+        .await
+}
+
+/// Runs `f` on every shard and collects the results (ListGroups).
+pub async fn on_every_shard<T, F>(shard: &Rc<Shard>, f: F) -> Vec<T>
+where
+    T: Send + 'static,
+    F: Fn(&Rc<Shard>) -> T + Send + Clone + 'static,
+{
+    let mut out = Vec::with_capacity(shard.count);
+    for s in 0..shard.count {
+        let f = f.clone();
+        out.push(
+            shard
+                .invoke_on(crate::types::ShardId(s), move |s| {
+                    let r = f(s);
+                    async move { r }.boxed_local()
+                })
+                .await,
+        );
+    }
+    out
+}
+
+/// Appends coordinator records to the offsets partition now (so the log has them in the
+/// order the state changed) and returns a future that resolves once they are durable.
+pub fn append(
+    partition: &Rc<Partition>,
+    records: &[CoordinatorRecord],
+    now_ms: i64,
+) -> LocalBoxFuture<'static, Result<(), BrokerError>> {
+    if records.is_empty() {
+        return async { Ok(()) }.boxed_local();
+    }
+    let bytes = codec::encode_batch(records, now_ms);
+    let written = partition.append(&bytes, false, now_ms);
+    let partition = partition.clone();
+    async move {
+        let appended = written.map_err(write_error)?;
+        partition
+            .log
+            .wait_durable(appended.end_offset)
+            .await
+            .map_err(|e| write_error(BrokerError::Storage(e.to_string())))
+    }
+    .boxed_local()
+}
+
+fn write_error(e: BrokerError) -> BrokerError {
+    tracing::warn!(error = %e, "writing to __consumer_offsets failed");
+    match e {
+        BrokerError::MessageTooLarge(m) => BrokerError::InvalidRequest(m),
+        other => BrokerError::CoordinatorNotAvailable(format!(
+            "writing to {OFFSETS_TOPIC} failed: {other}"
+        )),
+    }
+}
+
+/// Persists what a classic group's state change requires and then answers the requests it
+/// completed. The append happens now; the answers go out from a task once it is durable.
+pub fn finish_classic(
+    shard: &Rc<Shard>,
+    partition: &Rc<Partition>,
+    group_id: &str,
+    fx: Effects,
+    now_ms: i64,
+) {
+    if fx.joins.is_empty() && fx.syncs.is_empty() && !fx.persist {
+        return;
+    }
+    let record = if fx.persist {
+        shard
+            .groups
+            .borrow()
+            .groups
+            .get(group_id)
+            .and_then(|g| g.metadata_record(group_id))
+    } else {
+        None
+    };
+    let durable = append(partition, record.as_slice(), now_ms);
+    glommio::spawn_local(async move {
+        let written = durable.await;
+        for (tx, r) in fx.joins {
+            let _ = tx.send(r);
+        }
+        for (tx, r) in fx.syncs {
+            let r = match &written {
+                Ok(()) => r,
+                Err(e) => Err(e.clone()),
+            };
+            let _ = tx.send(r);
+        }
+    })
+    .detach();
+}
+
+/// A new member id: the client id (or instance id) and a random UUID, as Kafka makes them.
+pub fn new_member_id(prefix: &str) -> String {
+    format!("{prefix}-{}", uuid::Uuid::new_v4())
+}
+
+/// Drives the timeouts of this shard's groups and the expiry of offsets.
+pub async fn tick_loop(shard: Rc<Shard>) {
+    let cfg = shard.config.group.clone();
+    let mut next_expiry = now_ms() + cfg.offsets_retention_check_interval_ms;
+    loop {
+        glommio::timer::sleep(Duration::from_millis(TICK_MS)).await;
+        let now = now_ms();
+        let mut classic = Vec::new();
+        let mut epochs = Vec::new();
+        {
+            let mut c = shard.groups.borrow_mut();
+            for (id, g) in c.groups.iter_mut() {
+                match &mut g.kind {
+                    GroupKind::Classic(cg) => {
+                        let mut fx = Effects::default();
+                        cg.tick(now, &mut fx);
+                        if fx.persist || !fx.joins.is_empty() || !fx.syncs.is_empty() {
+                            classic.push((id.clone(), g.partition, fx));
+                        }
+                    }
+                    GroupKind::Consumer(cg) => {
+                        if cg.tick(now) {
+                            epochs.push((g.partition, g.metadata_record(id)));
+                        }
+                    }
+                }
+            }
+        }
+        for (id, index, fx) in classic {
+            if let Some(p) = offsets_partition(&shard, index) {
+                finish_classic(&shard, &p, &id, fx, now);
+            }
+        }
+        for (index, record) in epochs {
+            if let Some(p) = offsets_partition(&shard, index) {
+                detach_write(append(&p, record.as_slice(), now));
+            }
+        }
+        if now >= next_expiry {
+            next_expiry = now + cfg.offsets_retention_check_interval_ms;
+            expire_offsets(&shard, cfg.offsets_retention_ms, now);
+        }
+    }
+}
+
+/// Writes whose outcome nobody waits for (a failure is logged by `append`).
+pub fn detach_write(write: LocalBoxFuture<'static, Result<(), BrokerError>>) {
+    glommio::spawn_local(async move {
+        let _ = write.await;
+    })
+    .detach();
+}
+
+pub fn offsets_partition(shard: &Shard, index: i32) -> Option<Rc<Partition>> {
+    shard.partition(&TopicPartition {
+        topic: OFFSETS_TOPIC.to_string(),
+        partition: index,
+    })
+}
+
+/// `offsets.retention.minutes`: the offsets of a group without members expire that long after
+/// the group emptied (or, for a group that only commits, after each commit); a group left
+/// with no offsets and no members is deleted.
+fn expire_offsets(shard: &Rc<Shard>, retention_ms: i64, now: i64) {
+    let mut writes: BTreeMap<i32, Vec<CoordinatorRecord>> = BTreeMap::new();
+    {
+        let mut c = shard.groups.borrow_mut();
+        for (id, g) in c.groups.iter_mut() {
+            if !g.has_no_members() {
+                continue;
+            }
+            let emptied_at = match &g.kind {
+                GroupKind::Classic(cg) if cg.protocol_type.is_some() => Some(cg.state_timestamp_ms),
+                GroupKind::Classic(_) => None,
+                GroupKind::Consumer(cg) => Some(cg.state_timestamp_ms),
+            };
+            let expired: Vec<(String, i32)> = g
+                .offsets
+                .iter()
+                .filter(|(_, v)| emptied_at.unwrap_or(v.commit_timestamp_ms) + retention_ms <= now)
+                .map(|(k, _)| k.clone())
+                .collect();
+            let out = writes.entry(g.partition).or_default();
+            for (topic, partition) in expired {
+                g.offsets.remove(&(topic.clone(), partition));
+                out.push(CoordinatorRecord::Offset {
+                    group: id.clone(),
+                    topic,
+                    partition,
+                    value: None,
+                });
+            }
+            if g.offsets.is_empty() && g.metadata_record(id).is_some() {
+                tracing::info!(group = %id, "deleting an empty group whose offsets expired");
+                out.push(tombstone(id, g));
+                g.kind = GroupKind::Classic(ClassicGroup::new(now, 0));
+            }
+        }
+        c.drop_vacant();
+    }
+    for (index, records) in writes {
+        if let Some(p) = offsets_partition(shard, index) {
+            detach_write(append(&p, &records, now));
+        }
+    }
+}
+
+/// The tombstone that deletes a group's metadata record.
+pub fn tombstone(group_id: &str, g: &Group) -> CoordinatorRecord {
+    match &g.kind {
+        GroupKind::Classic(_) => CoordinatorRecord::Group {
+            group: group_id.to_string(),
+            value: None,
+        },
+        GroupKind::Consumer(_) => CoordinatorRecord::ConsumerGroup {
+            group: group_id.to_string(),
+            value: None,
+        },
+    }
+}
+
+/// Looks a classic group up for a member request, or creates it for a new member.
+/// A KIP-848 group with members cannot take classic members.
+pub fn classic_group<'a>(
+    c: &'a mut GroupCoordinator,
+    group_id: &str,
+    partition: i32,
+    create: bool,
+    cfg: &GroupConfig,
+    now: i64,
+) -> Result<&'a mut ClassicGroup, BrokerError> {
+    if !c.groups.contains_key(group_id) {
+        if !create {
+            return Err(BrokerError::UnknownMemberId);
+        }
+        c.groups.insert(
+            group_id.to_string(),
+            Group {
+                partition,
+                kind: GroupKind::Classic(ClassicGroup::new(now, cfg.initial_rebalance_delay_ms)),
+                offsets: BTreeMap::new(),
+            },
+        );
+    }
+    let g = c.groups.get_mut(group_id).expect("present");
+    if let GroupKind::Consumer(cg) = &g.kind {
+        if !cg.members.is_empty() || !create {
+            return Err(BrokerError::InconsistentGroupProtocol);
+        }
+        // An empty consumer group becomes a classic one when a classic member joins.
+        g.kind = GroupKind::Classic(ClassicGroup::new(now, cfg.initial_rebalance_delay_ms));
+    }
+    match &mut g.kind {
+        GroupKind::Classic(cg) => Ok(cg),
+        GroupKind::Consumer(_) => unreachable!("converted above"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partition_matches_kafka() {
+        // Java: Math.abs("my-group".hashCode()) % 50 and friends, computed with the JDK.
+        assert_eq!("my-group".encode_utf16().count(), 8);
+        let java_hash = |s: &str| {
+            s.encode_utf16()
+                .fold(0i32, |h, u| h.wrapping_mul(31).wrapping_add(i32::from(u)))
+        };
+        assert_eq!(java_hash("hello"), 99_162_322);
+        assert_eq!(partition_for("hello", 50), 99_162_322 % 50);
+        assert_eq!(java_hash(""), 0);
+        assert_eq!(partition_for("", 50), 0);
+        // A negative hash: abs() first.
+        let h = java_hash("polygenelubricants");
+        assert_eq!(h, i32::MIN);
+        assert_eq!(partition_for("polygenelubricants", 50), 0);
+    }
+}

@@ -1,0 +1,164 @@
+//! OffsetFetch (API 9): a group's committed offsets, for some partitions or all of them;
+//! v8+ asks for several groups at once. An unknown group or partition has offset -1.
+
+use std::rc::Rc;
+
+use futures::FutureExt;
+use kafka_protocol::messages::offset_fetch_response::{
+    OffsetFetchResponseGroup, OffsetFetchResponsePartition, OffsetFetchResponsePartitions,
+    OffsetFetchResponseTopic, OffsetFetchResponseTopics,
+};
+use kafka_protocol::messages::{OffsetFetchRequest, OffsetFetchResponse, TopicName};
+use kafka_protocol::protocol::StrBytes;
+
+use crate::errors::BrokerError;
+use crate::group::codec::OffsetValue;
+use crate::group::{self, GroupKind};
+use crate::kafka::RequestContext;
+
+/// Requested partitions by topic (None: every committed offset).
+type Wanted = Option<Vec<(String, Vec<i32>)>>;
+/// Per topic, per partition: the committed offset, if any.
+type Fetched = Vec<(String, Vec<(i32, Option<OffsetValue>)>)>;
+
+pub async fn handle(ctx: Rc<RequestContext>, req: OffsetFetchRequest) -> OffsetFetchResponse {
+    if ctx.version < 8 {
+        let wanted = req.topics.map(|ts| {
+            ts.into_iter()
+                .map(|t| (t.name.0.to_string(), t.partition_indexes))
+                .collect()
+        });
+        let r = fetch(&ctx, req.group_id.0.to_string(), None, -1, wanted).await;
+        let (topics, error) = match r {
+            Ok(t) => (t, 0),
+            Err(e) => (Vec::new(), e.code()),
+        };
+        return OffsetFetchResponse::default()
+            .with_error_code(error)
+            .with_topics(
+                topics
+                    .into_iter()
+                    .map(|(name, parts)| {
+                        OffsetFetchResponseTopic::default()
+                            .with_name(TopicName(StrBytes::from_string(name)))
+                            .with_partitions(
+                                parts
+                                    .into_iter()
+                                    .map(|(p, v)| {
+                                        let (offset, epoch, metadata) = fields(v);
+                                        OffsetFetchResponsePartition::default()
+                                            .with_partition_index(p)
+                                            .with_committed_offset(offset)
+                                            .with_committed_leader_epoch(epoch)
+                                            .with_metadata(Some(metadata))
+                                    })
+                                    .collect(),
+                            )
+                    })
+                    .collect(),
+            );
+    }
+    let mut groups = Vec::with_capacity(req.groups.len());
+    for g in req.groups {
+        let wanted = g.topics.map(|ts| {
+            ts.into_iter()
+                .map(|t| (t.name.0.to_string(), t.partition_indexes))
+                .collect()
+        });
+        let member = g.member_id.map(|m| m.to_string());
+        let r = fetch(
+            &ctx,
+            g.group_id.0.to_string(),
+            member,
+            g.member_epoch,
+            wanted,
+        )
+        .await;
+        let (topics, error) = match r {
+            Ok(t) => (t, 0),
+            Err(e) => (Vec::new(), e.code()),
+        };
+        groups.push(
+            OffsetFetchResponseGroup::default()
+                .with_group_id(g.group_id)
+                .with_error_code(error)
+                .with_topics(
+                    topics
+                        .into_iter()
+                        .map(|(name, parts)| {
+                            OffsetFetchResponseTopics::default()
+                                .with_name(TopicName(StrBytes::from_string(name)))
+                                .with_partitions(
+                                    parts
+                                        .into_iter()
+                                        .map(|(p, v)| {
+                                            let (offset, epoch, metadata) = fields(v);
+                                            OffsetFetchResponsePartitions::default()
+                                                .with_partition_index(p)
+                                                .with_committed_offset(offset)
+                                                .with_committed_leader_epoch(epoch)
+                                                .with_metadata(Some(metadata))
+                                        })
+                                        .collect(),
+                                )
+                        })
+                        .collect(),
+                ),
+        );
+    }
+    OffsetFetchResponse::default().with_groups(groups)
+}
+
+fn fields(v: Option<OffsetValue>) -> (i64, i32, StrBytes) {
+    match v {
+        Some(v) => (v.offset, v.leader_epoch, StrBytes::from_string(v.metadata)),
+        None => (-1, -1, StrBytes::default()),
+    }
+}
+
+async fn fetch(
+    ctx: &RequestContext,
+    group_id: String,
+    member_id: Option<String>,
+    member_epoch: i32,
+    wanted: Wanted,
+) -> Result<Fetched, BrokerError> {
+    let id = group_id.clone();
+    group::on_group(&ctx.shard, &group_id, move |s, _partition| {
+        async move {
+            let c = s.groups.borrow();
+            let g = c.groups.get(&id);
+            // KIP-848 members name themselves so a fenced member cannot read stale offsets.
+            if let (Some(g), Some(member)) = (g, member_id.as_deref()) {
+                if let GroupKind::Consumer(cg) = &g.kind {
+                    if !member.is_empty() || member_epoch >= 0 {
+                        cg.check_member_epoch(member, member_epoch)?;
+                    }
+                }
+            }
+            let lookup =
+                |t: &str, p: i32| g.and_then(|g| g.offsets.get(&(t.to_string(), p)).cloned());
+            Ok(match wanted {
+                Some(topics) => topics
+                    .into_iter()
+                    .map(|(t, ps)| {
+                        let parts = ps.into_iter().map(|p| (p, lookup(&t, p))).collect();
+                        (t, parts)
+                    })
+                    .collect(),
+                None => {
+                    let mut out: Fetched = Vec::new();
+                    for ((t, p), v) in g.map(|g| g.offsets.iter()).into_iter().flatten() {
+                        match out.last_mut() {
+                            Some((last, parts)) if last == t => parts.push((*p, Some(v.clone()))),
+                            _ => out.push((t.clone(), vec![(*p, Some(v.clone()))])),
+                        }
+                    }
+                    out
+                }
+            })
+        }
+        .boxed_local()
+    })
+    .await
+}

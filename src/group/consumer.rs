@@ -227,7 +227,12 @@ impl ConsumerGroup {
         let owned = req.owned.clone();
         self.reconcile(&req.member_id, owned.as_ref(), now_ms);
         let m = self.members.get_mut(&req.member_id).expect("member exists");
-        let assignment = if m.last_sent.as_ref() != Some(&m.assigned) || req.member_epoch == 0 {
+        // Send the assignment when it changed, and again when the member's view differs from
+        // it (an answer was lost, or it joined).
+        let resend = req.member_epoch != m.epoch
+            || req.member_epoch == 0
+            || owned.as_ref().is_some_and(|o| *o != m.assigned);
+        let assignment = if m.last_sent.as_ref() != Some(&m.assigned) || resend {
             m.last_sent = Some(m.assigned.clone());
             Some(m.assigned.clone())
         } else {

@@ -227,6 +227,50 @@ impl GroupCoordinator {
         }
     }
 
+    /// `offsets.retention.minutes`: the offsets of a group without members expire that long
+    /// after the group emptied (or, for a group that only commits offsets, after each
+    /// commit); a group left with neither members nor offsets is deleted. Returns the
+    /// tombstones to write, by offsets partition.
+    pub fn expire(&mut self, retention_ms: i64, now: i64) -> BTreeMap<i32, Vec<CoordinatorRecord>> {
+        let mut writes: BTreeMap<i32, Vec<CoordinatorRecord>> = BTreeMap::new();
+        for (id, g) in self.groups.iter_mut() {
+            if !g.has_no_members() {
+                continue;
+            }
+            let emptied_at = match &g.kind {
+                GroupKind::Classic(cg) if cg.protocol_type.is_some() => Some(cg.state_timestamp_ms),
+                GroupKind::Classic(_) => None,
+                GroupKind::Consumer(cg) => Some(cg.state_timestamp_ms),
+            };
+            let expired: Vec<(String, i32)> = g
+                .offsets
+                .iter()
+                .filter(|(_, v)| emptied_at.unwrap_or(v.commit_timestamp_ms) + retention_ms <= now)
+                .map(|(k, _)| k.clone())
+                .collect();
+            if expired.is_empty() {
+                continue;
+            }
+            let out = writes.entry(g.partition).or_default();
+            for (topic, partition) in expired {
+                g.offsets.remove(&(topic.clone(), partition));
+                out.push(CoordinatorRecord::Offset {
+                    group: id.clone(),
+                    topic,
+                    partition,
+                    value: None,
+                });
+            }
+            if g.offsets.is_empty() && g.metadata_record(id).is_some() {
+                tracing::info!(group = %id, "deleting an empty group whose offsets expired");
+                out.push(tombstone(id, g));
+                g.kind = GroupKind::Classic(ClassicGroup::new(now, 0));
+            }
+        }
+        self.drop_vacant();
+        writes
+    }
+
     /// Groups left with neither metadata nor offsets after a replay or a deletion.
     fn drop_vacant(&mut self) {
         self.groups.retain(|_, g| {
@@ -496,46 +540,9 @@ pub fn offsets_partition(shard: &Shard, index: i32) -> Option<Rc<Partition>> {
     })
 }
 
-/// `offsets.retention.minutes`: the offsets of a group without members expire that long after
-/// the group emptied (or, for a group that only commits, after each commit); a group left
-/// with no offsets and no members is deleted.
+/// Applies `offsets.retention.minutes` on this shard and writes the tombstones.
 fn expire_offsets(shard: &Rc<Shard>, retention_ms: i64, now: i64) {
-    let mut writes: BTreeMap<i32, Vec<CoordinatorRecord>> = BTreeMap::new();
-    {
-        let mut c = shard.groups.borrow_mut();
-        for (id, g) in c.groups.iter_mut() {
-            if !g.has_no_members() {
-                continue;
-            }
-            let emptied_at = match &g.kind {
-                GroupKind::Classic(cg) if cg.protocol_type.is_some() => Some(cg.state_timestamp_ms),
-                GroupKind::Classic(_) => None,
-                GroupKind::Consumer(cg) => Some(cg.state_timestamp_ms),
-            };
-            let expired: Vec<(String, i32)> = g
-                .offsets
-                .iter()
-                .filter(|(_, v)| emptied_at.unwrap_or(v.commit_timestamp_ms) + retention_ms <= now)
-                .map(|(k, _)| k.clone())
-                .collect();
-            let out = writes.entry(g.partition).or_default();
-            for (topic, partition) in expired {
-                g.offsets.remove(&(topic.clone(), partition));
-                out.push(CoordinatorRecord::Offset {
-                    group: id.clone(),
-                    topic,
-                    partition,
-                    value: None,
-                });
-            }
-            if g.offsets.is_empty() && g.metadata_record(id).is_some() {
-                tracing::info!(group = %id, "deleting an empty group whose offsets expired");
-                out.push(tombstone(id, g));
-                g.kind = GroupKind::Classic(ClassicGroup::new(now, 0));
-            }
-        }
-        c.drop_vacant();
-    }
+    let writes = shard.groups.borrow_mut().expire(retention_ms, now);
     for (index, records) in writes {
         if let Some(p) = offsets_partition(shard, index) {
             detach_write(append(&p, &records, now));
@@ -597,6 +604,54 @@ pub fn classic_group<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn offset(commit_timestamp_ms: i64) -> OffsetValue {
+        OffsetValue {
+            offset: 1,
+            leader_epoch: -1,
+            metadata: String::new(),
+            commit_timestamp_ms,
+        }
+    }
+
+    #[test]
+    fn offsets_expire_after_retention() {
+        let mut c = GroupCoordinator::default();
+        // A standalone consumer's offsets: expire by commit time.
+        let mut simple = Group {
+            partition: 3,
+            kind: GroupKind::Classic(ClassicGroup::new(0, 0)),
+            offsets: BTreeMap::new(),
+        };
+        simple.offsets.insert(("t".into(), 0), offset(1_000));
+        simple.offsets.insert(("t".into(), 1), offset(5_000));
+        c.groups.insert("simple".into(), simple);
+        // An empty consumer group that emptied at 2_000: expire from then, whatever the
+        // commit times.
+        let mut empty = Group {
+            partition: 4,
+            kind: GroupKind::Consumer(ConsumerGroup::new(3, "uniform", 2_000)),
+            offsets: BTreeMap::new(),
+        };
+        empty.offsets.insert(("t".into(), 0), offset(0));
+        c.groups.insert("empty".into(), empty);
+
+        assert!(c.expire(10_000, 10_999).is_empty());
+        let w = c.expire(10_000, 12_000);
+        // Partition 0 of "simple" (committed at 1_000) and all of "empty", whose metadata is
+        // deleted too.
+        assert_eq!(w[&3].len(), 1);
+        assert_eq!(w[&4].len(), 2);
+        assert!(matches!(
+            w[&4][1],
+            CoordinatorRecord::ConsumerGroup { value: None, .. }
+        ));
+        assert!(!c.groups.contains_key("empty"));
+        assert_eq!(c.groups["simple"].offsets.len(), 1);
+        let w = c.expire(10_000, 15_000);
+        assert_eq!(w[&3].len(), 1);
+        assert!(c.groups.is_empty(), "a group with nothing left is gone");
+    }
 
     #[test]
     fn partition_matches_kafka() {

@@ -315,11 +315,11 @@ impl ClassicGroup {
     }
 
     fn check_member(&self, member_id: &str, instance_id: Option<&str>) -> Result<(), BrokerError> {
+        // Kafka's validateMember: an instance id that does not map to this member id (or to
+        // none) is fenced.
         if let Some(instance) = instance_id {
-            match self.statics.get(instance) {
-                Some(id) if id != member_id => return Err(BrokerError::FencedInstanceId),
-                Some(_) => {}
-                None => return Err(BrokerError::UnknownMemberId),
+            if self.statics.get(instance).map(String::as_str) != Some(member_id) {
+                return Err(BrokerError::FencedInstanceId);
             }
         }
         if !self.members.contains_key(member_id) {
@@ -953,4 +953,150 @@ fn decode_subscription_topics(mut b: &[u8]) -> Option<Vec<String>> {
         b.advance(len as usize);
     }
     Some(topics)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> GroupConfig {
+        GroupConfig {
+            initial_rebalance_delay_ms: 0,
+            ..GroupConfig::default()
+        }
+    }
+
+    fn request(member_id: &str, rebalance_timeout_ms: i32) -> JoinRequest {
+        JoinRequest {
+            member_id: member_id.into(),
+            instance_id: None,
+            client_id: "c".into(),
+            client_host: "/127.0.0.1".into(),
+            session_timeout_ms: 10_000,
+            rebalance_timeout_ms,
+            protocol_type: "consumer".into(),
+            protocols: vec![("range".into(), Bytes::from_static(b"m"))],
+            require_known_member_id: true,
+            supports_skip_assignment: false,
+        }
+    }
+
+    /// Sends a JoinGroup; returns the answer if it came at once, else the pending receiver.
+    fn join(
+        g: &mut ClassicGroup,
+        req: JoinRequest,
+        id: &str,
+        now: i64,
+    ) -> (Option<JoinResult>, oneshot::Receiver<JoinResult>) {
+        let (tx, mut rx) = oneshot::channel();
+        let mut fx = Effects::default();
+        g.join(req, tx, &cfg(), || id.to_string(), now, &mut fx);
+        for (tx, r) in fx.joins {
+            let _ = tx.send(r);
+        }
+        (rx.try_recv().ok().flatten(), rx)
+    }
+
+    fn tick(g: &mut ClassicGroup, now: i64) -> Effects {
+        let mut fx = Effects::default();
+        g.tick(now, &mut fx);
+        for (tx, r) in std::mem::take(&mut fx.joins) {
+            let _ = tx.send(r);
+        }
+        fx
+    }
+
+    #[test]
+    fn join_sync_and_rebalance_timeout() {
+        let mut g = ClassicGroup::new(0, 0);
+        // KIP-394: the first join only hands out a member id.
+        let (r, _) = join(&mut g, request("", 1_000), "a", 0);
+        let r = r.expect("answered at once");
+        assert_eq!(r.error, Some(BrokerError::MemberIdRequired));
+        assert_eq!(r.member_id, "a");
+        let (r, mut rx_a) = join(&mut g, request("a", 1_000), "x", 0);
+        assert!(r.is_none(), "waits for the join phase to end");
+        tick(&mut g, 100);
+        let a = rx_a.try_recv().unwrap().expect("joined");
+        assert_eq!((a.generation, a.leader.as_str()), (1, "a"));
+        assert_eq!(a.members.len(), 1, "the leader sees the members");
+        // Sync: the leader's assignment goes out once persisted.
+        let (tx, mut rx) = oneshot::channel();
+        let mut fx = Effects::default();
+        let assignment = vec![("a".to_string(), Bytes::from_static(b"p0"))];
+        g.sync("a", None, 1, None, None, assignment, tx, 100, &mut fx);
+        assert!(fx.persist);
+        for (tx, r) in fx.syncs {
+            let _ = tx.send(r);
+        }
+        assert_eq!(
+            rx.try_recv().unwrap().unwrap().unwrap().2,
+            Bytes::from_static(b"p0")
+        );
+        assert_eq!(g.state, ClassicState::Stable);
+        assert_eq!(g.heartbeat("a", None, 1, 200), Ok(()));
+        assert_eq!(
+            g.heartbeat("a", None, 0, 200),
+            Err(BrokerError::IllegalGeneration)
+        );
+        assert_eq!(
+            g.heartbeat("zz", None, 1, 200),
+            Err(BrokerError::UnknownMemberId)
+        );
+        // b joins; a never rejoins: after a's rebalance timeout b's join completes without a.
+        let _ = join(&mut g, request("", 1_000), "b", 300);
+        let (_, mut rx_b) = join(&mut g, request("b", 1_000), "y", 300);
+        assert_eq!(g.state, ClassicState::PreparingRebalance);
+        assert_eq!(
+            g.heartbeat("a", None, 1, 400),
+            Err(BrokerError::RebalanceInProgress)
+        );
+        tick(&mut g, 1_200);
+        assert!(
+            rx_b.try_recv().unwrap().is_none(),
+            "still inside the rebalance timeout"
+        );
+        tick(&mut g, 1_400);
+        let b = rx_b.try_recv().unwrap().expect("completed at the deadline");
+        assert_eq!((b.generation, b.leader.as_str()), (2, "b"));
+        assert!(!g.members.contains_key("a"));
+    }
+
+    #[test]
+    fn protocols_must_match() {
+        let mut g = ClassicGroup::new(0, 0);
+        let _ = join(&mut g, request("", 1_000), "a", 0);
+        let _ = join(&mut g, request("a", 1_000), "x", 0);
+        let mut other = request("", 1_000);
+        other.protocols = vec![("roundrobin".into(), Bytes::new())];
+        let (r, _) = join(&mut g, other, "b", 0);
+        assert_eq!(
+            r.unwrap().error,
+            Some(BrokerError::InconsistentGroupProtocol)
+        );
+    }
+
+    #[test]
+    fn static_member_rejoin_fences_the_old_id() {
+        let mut g = ClassicGroup::new(0, 0);
+        let mut req = request("", 1_000);
+        req.instance_id = Some("i1".into());
+        let (_, mut rx) = join(&mut g, req.clone(), "old", 0);
+        tick(&mut g, 100);
+        assert!(rx.try_recv().unwrap().is_some());
+        let (tx, _rx) = oneshot::channel();
+        let mut fx = Effects::default();
+        g.sync("old", Some("i1"), 1, None, None, vec![], tx, 100, &mut fx);
+        assert_eq!(g.state, ClassicState::Stable);
+        // The same instance restarts: new member id, no rebalance.
+        let (r, _) = join(&mut g, req, "new", 200);
+        let r = r.expect("answered at once");
+        assert_eq!((r.member_id.as_str(), r.generation), ("new", 1));
+        assert_eq!(g.state, ClassicState::Stable);
+        assert_eq!(
+            g.heartbeat("old", Some("i1"), 1, 300),
+            Err(BrokerError::FencedInstanceId)
+        );
+        assert_eq!(g.heartbeat("new", Some("i1"), 1, 300), Ok(()));
+    }
 }

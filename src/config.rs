@@ -785,6 +785,9 @@ pub struct TopicSettings {
     pub min_insync_replicas: i32,
     /// `cleanup.policy` includes `compact`: every record needs a key.
     pub compacted: bool,
+    /// `cleanup.policy` includes `delete`: `retention.ms`/`retention.bytes` apply. A
+    /// compact-only topic (such as `__consumer_offsets`) is never trimmed by time or size.
+    pub deletes: bool,
 }
 
 impl TopicSettings {
@@ -814,6 +817,9 @@ impl TopicSettings {
             compacted: get("cleanup.policy")
                 .split(',')
                 .any(|p| p.trim() == "compact"),
+            deletes: get("cleanup.policy")
+                .split(',')
+                .any(|p| p.trim() == "delete"),
         }
     }
 

@@ -96,6 +96,8 @@ pub enum BrokerError {
     UnsupportedAssignor(String),
     #[error("{0}")]
     UnreleasedInstanceId(String),
+    #[error("The committing offset data size is not valid.")]
+    InvalidCommitOffsetSize,
 }
 
 impl BrokerError {
@@ -167,6 +169,7 @@ pub fn kafka_error(e: &BrokerError) -> ResponseError {
         BrokerError::StaleMemberEpoch => ResponseError::StaleMemberEpoch,
         BrokerError::UnsupportedAssignor(_) => ResponseError::UnsupportedAssignor,
         BrokerError::UnreleasedInstanceId(_) => ResponseError::UnreleasedInstanceId,
+        BrokerError::InvalidCommitOffsetSize => ResponseError::InvalidCommitOffsetSize,
     }
 }
 
@@ -226,6 +229,7 @@ mod tests {
             (BrokerError::UnreleasedInstanceId(String::new()), 111),
             (BrokerError::UnsupportedAssignor(String::new()), 112),
             (BrokerError::StaleMemberEpoch, 113),
+            (BrokerError::InvalidCommitOffsetSize, 28),
         ];
         for (e, code) in table {
             assert_eq!(e.code(), *code, "{e:?}");

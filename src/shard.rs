@@ -264,7 +264,10 @@ impl Shard {
                 Ok(p) => {
                     self.partitions.borrow_mut().insert(tp.clone(), p.clone());
                     if tp.topic == OFFSETS_TOPIC {
-                        group::load(self, tp.partition, p).await;
+                        // Replayed in the background: until it is done the partition's groups
+                        // answer COORDINATOR_LOAD_IN_PROGRESS, and other partitions are served.
+                        self.groups.borrow_mut().start_loading(tp.partition);
+                        glommio::spawn_local(group::load(self.clone(), tp.partition, p)).detach();
                     }
                 }
                 Err(e) => {
@@ -299,6 +302,9 @@ impl Shard {
             let now = now_ms();
             for p in parts {
                 let s = p.settings();
+                if !s.deletes {
+                    continue;
+                }
                 if let Err(e) = p
                     .log
                     .apply_retention(now, s.retention_ms, s.retention_bytes)

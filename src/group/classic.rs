@@ -315,11 +315,13 @@ impl ClassicGroup {
     }
 
     fn check_member(&self, member_id: &str, instance_id: Option<&str>) -> Result<(), BrokerError> {
-        // Kafka's validateMember: an instance id that does not map to this member id (or to
-        // none) is fenced.
+        // Kafka's validateMember: an instance id held by another member id is fenced; one
+        // that nobody holds (the member was removed) is unknown, so the client rejoins.
         if let Some(instance) = instance_id {
-            if self.statics.get(instance).map(String::as_str) != Some(member_id) {
-                return Err(BrokerError::FencedInstanceId);
+            match self.statics.get(instance) {
+                Some(id) if id != member_id => return Err(BrokerError::FencedInstanceId),
+                Some(_) => {}
+                None => return Err(BrokerError::UnknownMemberId),
             }
         }
         if !self.members.contains_key(member_id) {

@@ -265,8 +265,8 @@ fn decode_group_value(mut v: &[u8]) -> Result<GroupValue, CodecError> {
     let leader = get_nullable_string(&mut v)?;
     let state_timestamp_ms = if version >= 2 { get_i64(&mut v)? } else { -1 };
     let count = get_i32(&mut v)?;
-    // Every member takes at least 20 bytes, which bounds the allocation by the input.
-    if count < 0 || count as usize > v.len() / 20 {
+    // Every member takes at least 18 bytes, which bounds the allocation by the input.
+    if count < 0 || count as usize > v.len() / 18 {
         return Err(CodecError::InvalidLength(i64::from(count)));
     }
     let mut members = Vec::with_capacity(count as usize);
@@ -385,6 +385,8 @@ pub fn decode_batch(
 }
 
 fn put_string(b: &mut BytesMut, s: &str) {
+    // Handlers refuse longer strings before they change any state (`group::check_string`).
+    assert!(s.len() <= i16::MAX as usize, "coordinator string too long");
     b.put_i16(s.len() as i16);
     b.put_slice(s.as_bytes());
 }

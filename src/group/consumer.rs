@@ -9,7 +9,8 @@
 //! - then it moves to the new epoch and gets the target's partitions that no other member
 //!   still holds; the rest follow on later heartbeats, once their owners released them.
 //!
-//! So a partition is never owned by two members at once. A member that does not revoke within
+//! So, while the coordinator runs, a partition is never owned by two members at once (members
+//! are not persisted: see `group` for what a restart does). A member that does not revoke within
 //! its rebalance timeout, or stops heartbeating for the session timeout, is removed.
 //!
 //! Sans-IO: time and the topic metadata come in as parameters.
@@ -254,7 +255,7 @@ impl ConsumerGroup {
         let mut subscribed = req.subscribed_topics.clone().unwrap_or_default();
         subscribed.sort();
         subscribed.dedup();
-        let mut member = ConsumerMember {
+        let member = ConsumerMember {
             member_id: req.member_id.clone(),
             instance_id: req.instance_id.clone(),
             rack_id: req.rack_id.clone(),
@@ -286,13 +287,11 @@ impl ConsumerGroup {
                 )));
             }
         }
-        if let Some(old) = self.members.shift_remove(&req.member_id) {
-            // A member that rejoins with epoch 0 gives up what it had.
-            drop(old);
-        } else if self.members.len() >= max_size {
+        // A member that rejoins with epoch 0 gives up what it had.
+        let rejoining = self.members.shift_remove(&req.member_id).is_some();
+        if !rejoining && self.members.len() >= max_size {
             return Err(BrokerError::GroupMaxSizeReached);
         }
-        member.last_sent = None;
         self.members.insert(req.member_id.clone(), member);
         self.bump_epoch();
         Ok(())

@@ -18,8 +18,15 @@
 //! Time reaches the state machines as a parameter; the shard's `tick_loop` drives their
 //! timeouts (sessions, rebalances) and offset expiry (`offsets.retention.minutes`).
 //!
-//! Not kept across a restart: the members of a KIP-848 group (only its epoch is written;
-//! members rejoin after UNKNOWN_MEMBER_ID, which every client does on its own).
+//! `__consumer_offsets` is compact-only, so time and size retention never trim it; as there
+//! is no log compaction yet, the coordinator rewrites a partition's live state and drops the
+//! older segments once the partition holds more than twice its live records
+//! (`snapshot_partitions`), which bounds both the disk and the replay.
+//!
+//! Not kept across a restart: the members of a KIP-848 group (only its epoch is written).
+//! After a restart a member's next heartbeat gets UNKNOWN_MEMBER_ID and it rejoins, which
+//! every client does on its own; until then (at most one heartbeat interval) a member that
+//! rejoined first may be given partitions another still consumes.
 
 pub mod classic;
 pub mod codec;
@@ -29,6 +36,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 use std::time::Duration;
 
+use futures::channel::oneshot;
 use futures::future::LocalBoxFuture;
 use futures::FutureExt;
 
@@ -47,6 +55,12 @@ pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
 const TICK_MS: u64 = 100;
 /// Bytes read per round while loading an offsets partition.
 const LOAD_READ_BYTES: usize = 1 << 20;
+/// How often a shard checks whether an offsets partition needs its live state rewritten.
+const SNAPSHOT_CHECK_MS: i64 = 30_000;
+/// Records an offsets partition may hold beyond twice its live records before the rewrite.
+const SNAPSHOT_SLACK_RECORDS: i64 = 10_000;
+/// Records per batch in a rewrite (well under the topic's max.message.bytes).
+const SNAPSHOT_BATCH_RECORDS: usize = 1000;
 
 /// The offsets partition of a group: Kafka's `Utils.abs(groupId.hashCode()) % partitions`,
 /// with Java's String hash over UTF-16 code units, so a group has the same partition here as
@@ -72,9 +86,24 @@ pub struct Group {
     pub kind: GroupKind,
     /// Committed offsets by (topic, partition).
     pub offsets: BTreeMap<(String, i32), OffsetValue>,
+    /// The group's metadata record as last written: a classic group is persisted only when a
+    /// rebalance completes, and a rewrite of the partition must keep that, not a state in
+    /// the middle of a rebalance.
+    pub persisted: Option<CoordinatorRecord>,
 }
 
 impl Group {
+    /// A group that only has offsets (a standalone consumer's commits, or a group whose
+    /// metadata was deleted): an empty classic group without a protocol type, as in Kafka.
+    pub fn offsets_only(partition: i32, cfg: &GroupConfig, now_ms: i64) -> Group {
+        Group {
+            partition,
+            kind: GroupKind::Classic(ClassicGroup::new(now_ms, cfg.initial_rebalance_delay_ms)),
+            offsets: BTreeMap::new(),
+            persisted: None,
+        }
+    }
+
     /// Kafka's state name for DescribeGroups / ListGroups.
     pub fn state_name(&self) -> &'static str {
         match &self.kind {
@@ -159,6 +188,11 @@ pub struct GroupCoordinator {
 }
 
 impl GroupCoordinator {
+    /// Called when this shard opens an offsets partition, before `load` runs.
+    pub fn start_loading(&mut self, partition: i32) {
+        self.partitions.insert(partition, false);
+    }
+
     pub fn is_loaded(&self, partition: i32) -> bool {
         self.partitions.get(&partition).copied().unwrap_or(false)
     }
@@ -170,19 +204,14 @@ impl GroupCoordinator {
 
     /// Applies one record read back from the log.
     fn replay(&mut self, partition: i32, record: CoordinatorRecord, cfg: &GroupConfig, now: i64) {
-        let simple = || GroupKind::Classic(ClassicGroup::new(now, cfg.initial_rebalance_delay_ms));
         fn entry(
             groups: &mut HashMap<String, Group>,
             group: String,
-            partition: i32,
-            kind: impl FnOnce() -> GroupKind,
+            new: impl FnOnce() -> Group,
         ) -> &mut Group {
-            groups.entry(group).or_insert_with(|| Group {
-                partition,
-                kind: kind(),
-                offsets: BTreeMap::new(),
-            })
+            groups.entry(group).or_insert_with(new)
         }
+        let new = || Group::offsets_only(partition, cfg, now);
         match record {
             CoordinatorRecord::Offset {
                 group,
@@ -191,7 +220,7 @@ impl GroupCoordinator {
                 value,
             } => match value {
                 Some(v) => {
-                    entry(&mut self.groups, group, partition, simple)
+                    entry(&mut self.groups, group, new)
                         .offsets
                         .insert((topic, p), v);
                 }
@@ -205,22 +234,30 @@ impl GroupCoordinator {
                 group,
                 value: Some(v),
             } => {
-                entry(&mut self.groups, group, partition, simple).kind = GroupKind::Classic(
-                    ClassicGroup::from_value(v, now, cfg.initial_rebalance_delay_ms),
-                );
+                let g = entry(&mut self.groups, group.clone(), new);
+                g.persisted = Some(CoordinatorRecord::Group {
+                    group,
+                    value: Some(v.clone()),
+                });
+                g.kind = GroupKind::Classic(ClassicGroup::from_value(
+                    v,
+                    now,
+                    cfg.initial_rebalance_delay_ms,
+                ));
             }
             CoordinatorRecord::ConsumerGroup {
                 group,
                 value: Some(epoch),
             } => {
                 let assignor = cfg.consumer_assignors[0].clone();
-                entry(&mut self.groups, group, partition, simple).kind =
+                entry(&mut self.groups, group, new).kind =
                     GroupKind::Consumer(ConsumerGroup::new(epoch, &assignor, now));
             }
             CoordinatorRecord::Group { group, value: None }
             | CoordinatorRecord::ConsumerGroup { group, value: None } => {
                 if let Some(g) = self.groups.get_mut(&group) {
-                    g.kind = simple();
+                    g.kind = Group::offsets_only(partition, cfg, now).kind;
+                    g.persisted = None;
                 }
             }
             CoordinatorRecord::Other { .. } => {}
@@ -233,8 +270,10 @@ impl GroupCoordinator {
     /// tombstones to write, by offsets partition.
     pub fn expire(&mut self, retention_ms: i64, now: i64) -> BTreeMap<i32, Vec<CoordinatorRecord>> {
         let mut writes: BTreeMap<i32, Vec<CoordinatorRecord>> = BTreeMap::new();
+        let partitions = &self.partitions;
         for (id, g) in self.groups.iter_mut() {
-            if !g.has_no_members() {
+            let loaded = partitions.get(&g.partition).copied().unwrap_or(false);
+            if !loaded || !g.has_no_members() {
                 continue;
             }
             let emptied_at = match &g.kind {
@@ -248,7 +287,7 @@ impl GroupCoordinator {
                 .filter(|(_, v)| emptied_at.unwrap_or(v.commit_timestamp_ms) + retention_ms <= now)
                 .map(|(k, _)| k.clone())
                 .collect();
-            if expired.is_empty() {
+            if expired.is_empty() && !(g.offsets.is_empty() && g.metadata_record(id).is_some()) {
                 continue;
             }
             let out = writes.entry(g.partition).or_default();
@@ -262,13 +301,44 @@ impl GroupCoordinator {
                 });
             }
             if g.offsets.is_empty() && g.metadata_record(id).is_some() {
-                tracing::info!(group = %id, "deleting an empty group whose offsets expired");
+                tracing::info!(group = %id, "deleting an empty group without offsets");
                 out.push(tombstone(id, g));
                 g.kind = GroupKind::Classic(ClassicGroup::new(now, 0));
             }
         }
         self.drop_vacant();
         writes
+    }
+
+    /// Every record that describes the live state of one offsets partition: its groups'
+    /// metadata and committed offsets.
+    fn live_records(&self, partition: i32) -> Vec<CoordinatorRecord> {
+        let mut out = Vec::new();
+        for (id, g) in self.groups.iter().filter(|(_, g)| g.partition == partition) {
+            out.extend(match &g.kind {
+                GroupKind::Classic(_) => g.persisted.clone(),
+                GroupKind::Consumer(_) => g.metadata_record(id),
+            });
+            out.extend(
+                g.offsets
+                    .iter()
+                    .map(|((topic, p), v)| CoordinatorRecord::Offset {
+                        group: id.clone(),
+                        topic: topic.clone(),
+                        partition: *p,
+                        value: Some(v.clone()),
+                    }),
+            );
+        }
+        out
+    }
+
+    fn live_record_count(&self, partition: i32) -> usize {
+        self.groups
+            .iter()
+            .filter(|(_, g)| g.partition == partition)
+            .map(|(id, g)| g.offsets.len() + usize::from(g.metadata_record(id).is_some()))
+            .sum()
     }
 
     /// Groups left with neither metadata nor offsets after a replay or a deletion.
@@ -281,8 +351,7 @@ impl GroupCoordinator {
 }
 
 /// Called when this shard opens an offsets partition: replays it into the coordinator.
-pub async fn load(shard: &Rc<Shard>, index: i32, partition: Rc<Partition>) {
-    shard.groups.borrow_mut().partitions.insert(index, false);
+pub async fn load(shard: Rc<Shard>, index: i32, partition: Rc<Partition>) {
     let started = std::time::Instant::now();
     let end = partition.high_watermark();
     let mut offset = partition.log.start_offset();
@@ -326,7 +395,14 @@ pub async fn load(shard: &Rc<Shard>, index: i32, partition: Rc<Partition>) {
     }
     let mut coordinator = shard.groups.borrow_mut();
     coordinator.drop_vacant();
-    coordinator.partitions.insert(index, true);
+    match coordinator.partitions.get_mut(&index) {
+        Some(loaded) => *loaded = true,
+        None => {
+            // The topic was deleted while loading.
+            coordinator.groups.retain(|_, g| g.partition != index);
+            return;
+        }
+    }
     let groups = coordinator
         .groups
         .values()
@@ -426,35 +502,38 @@ pub fn append(
     .boxed_local()
 }
 
+/// Kafka's answers when the coordinator cannot write: a batch over max.message.bytes is
+/// INVALID_COMMIT_OFFSET_SIZE, anything else NOT_COORDINATOR (the client looks the
+/// coordinator up again and retries).
 fn write_error(e: BrokerError) -> BrokerError {
-    tracing::warn!(error = %e, "writing to __consumer_offsets failed");
+    tracing::warn!(error = %e, "writing to {OFFSETS_TOPIC} failed");
     match e {
-        BrokerError::MessageTooLarge(m) => BrokerError::InvalidRequest(m),
-        other => BrokerError::CoordinatorNotAvailable(format!(
-            "writing to {OFFSETS_TOPIC} failed: {other}"
-        )),
+        BrokerError::MessageTooLarge(_) => BrokerError::InvalidCommitOffsetSize,
+        _ => BrokerError::NotCoordinator,
     }
 }
 
 /// Persists what a classic group's state change requires and then answers the requests it
 /// completed. The append happens now; the answers go out from a task once it is durable.
+/// The returned receiver says when (and whether) the group's state is durable.
 pub fn finish_classic(
     shard: &Rc<Shard>,
     partition: &Rc<Partition>,
     group_id: &str,
     fx: Effects,
     now_ms: i64,
-) {
+) -> oneshot::Receiver<Result<(), BrokerError>> {
+    let (done_tx, done) = oneshot::channel();
     if fx.joins.is_empty() && fx.syncs.is_empty() && !fx.persist {
-        return;
+        let _ = done_tx.send(Ok(()));
+        return done;
     }
     let record = if fx.persist {
-        shard
-            .groups
-            .borrow()
-            .groups
-            .get(group_id)
-            .and_then(|g| g.metadata_record(group_id))
+        let mut c = shard.groups.borrow_mut();
+        c.groups.get_mut(group_id).and_then(|g| {
+            g.persisted = g.metadata_record(group_id);
+            g.persisted.clone()
+        })
     } else {
         None
     };
@@ -471,19 +550,41 @@ pub fn finish_classic(
             };
             let _ = tx.send(r);
         }
+        let _ = done_tx.send(written);
     })
     .detach();
+    done
+}
+
+/// Longest string a coordinator record can hold (Kafka writes them with an int16 length).
+pub const STRING_BYTES_MAX: usize = i16::MAX as usize;
+
+/// Refuses strings that the group's records could not store.
+pub fn check_string(s: &str) -> Result<(), BrokerError> {
+    if s.len() > STRING_BYTES_MAX {
+        return Err(BrokerError::InvalidRequest(format!(
+            "a string of {} bytes is longer than {STRING_BYTES_MAX}",
+            s.len()
+        )));
+    }
+    Ok(())
 }
 
 /// A new member id: the client id (or instance id) and a random UUID, as Kafka makes them.
+/// The prefix is cut so the id fits a record's string.
 pub fn new_member_id(prefix: &str) -> String {
-    format!("{prefix}-{}", uuid::Uuid::new_v4())
+    let mut end = prefix.len().min(STRING_BYTES_MAX - 40);
+    while !prefix.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}-{}", &prefix[..end], uuid::Uuid::new_v4())
 }
 
 /// Drives the timeouts of this shard's groups and the expiry of offsets.
 pub async fn tick_loop(shard: Rc<Shard>) {
     let cfg = shard.config.group.clone();
     let mut next_expiry = now_ms() + cfg.offsets_retention_check_interval_ms;
+    let mut next_snapshot_check = now_ms() + SNAPSHOT_CHECK_MS;
     loop {
         glommio::timer::sleep(Duration::from_millis(TICK_MS)).await;
         let now = now_ms();
@@ -491,7 +592,12 @@ pub async fn tick_loop(shard: Rc<Shard>) {
         let mut epochs = Vec::new();
         {
             let mut c = shard.groups.borrow_mut();
+            let c = &mut *c;
             for (id, g) in c.groups.iter_mut() {
+                // Groups of a partition still loading are not complete yet.
+                if !c.partitions.get(&g.partition).copied().unwrap_or(false) {
+                    continue;
+                }
                 match &mut g.kind {
                     GroupKind::Classic(cg) => {
                         let mut fx = Effects::default();
@@ -510,7 +616,7 @@ pub async fn tick_loop(shard: Rc<Shard>) {
         }
         for (id, index, fx) in classic {
             if let Some(p) = offsets_partition(&shard, index) {
-                finish_classic(&shard, &p, &id, fx, now);
+                drop(finish_classic(&shard, &p, &id, fx, now));
             }
         }
         for (index, record) in epochs {
@@ -522,6 +628,60 @@ pub async fn tick_loop(shard: Rc<Shard>) {
             next_expiry = now + cfg.offsets_retention_check_interval_ms;
             expire_offsets(&shard, cfg.offsets_retention_ms, now);
         }
+        if now >= next_snapshot_check {
+            next_snapshot_check = now + SNAPSHOT_CHECK_MS;
+            snapshot_partitions(&shard, now);
+        }
+    }
+}
+
+/// `__consumer_offsets` is compacted in Kafka; ferrolog has no log compaction yet, so the
+/// coordinator bounds its partitions itself: once a partition holds more than twice its live
+/// records (plus some slack), it appends all live records again and, once they are durable,
+/// moves the log start to them, which deletes the older segments. A load then replays the
+/// live state and what came after it.
+fn snapshot_partitions(shard: &Rc<Shard>, now: i64) {
+    let indexes: Vec<i32> = shard
+        .groups
+        .borrow()
+        .partitions
+        .iter()
+        .filter(|(_, loaded)| **loaded)
+        .map(|(i, _)| *i)
+        .collect();
+    for index in indexes {
+        let Some(partition) = offsets_partition(shard, index) else {
+            continue;
+        };
+        let logged = partition.log.end_offset() - partition.log.start_offset();
+        let live = shard.groups.borrow().live_record_count(index);
+        if logged <= 2 * live as i64 + SNAPSHOT_SLACK_RECORDS {
+            continue;
+        }
+        let records = shard.groups.borrow().live_records(index);
+        let start = partition.log.end_offset();
+        let mut writes = Vec::new();
+        for chunk in records.chunks(SNAPSHOT_BATCH_RECORDS) {
+            writes.push(append(&partition, chunk, now));
+        }
+        glommio::spawn_local(async move {
+            for w in writes {
+                if w.await.is_err() {
+                    return;
+                }
+            }
+            match partition.log.advance_start(start).await {
+                Ok(_) => tracing::info!(
+                    partition = index,
+                    live_records = live,
+                    replaced_records = logged,
+                    "rewrote the live state of an offsets partition and dropped what it replaces"
+                ),
+                Err(e) => tracing::warn!(partition = index, error = %e,
+                    "could not move the offsets partition's log start"),
+            }
+        })
+        .detach();
     }
 }
 
@@ -580,16 +740,16 @@ pub fn classic_group<'a>(
         }
         c.groups.insert(
             group_id.to_string(),
-            Group {
-                partition,
-                kind: GroupKind::Classic(ClassicGroup::new(now, cfg.initial_rebalance_delay_ms)),
-                offsets: BTreeMap::new(),
-            },
+            Group::offsets_only(partition, cfg, now),
         );
     }
     let g = c.groups.get_mut(group_id).expect("present");
     if let GroupKind::Consumer(cg) = &g.kind {
-        if !cg.members.is_empty() || !create {
+        if !create {
+            // A classic member's request to a KIP-848 group: it is not a member.
+            return Err(BrokerError::UnknownMemberId);
+        }
+        if !cg.members.is_empty() {
             return Err(BrokerError::InconsistentGroupProtocol);
         }
         // An empty consumer group becomes a classic one when a classic member joins.
@@ -617,11 +777,14 @@ mod tests {
     #[test]
     fn offsets_expire_after_retention() {
         let mut c = GroupCoordinator::default();
+        c.partitions.insert(3, true);
+        c.partitions.insert(4, true);
         // A standalone consumer's offsets: expire by commit time.
         let mut simple = Group {
             partition: 3,
             kind: GroupKind::Classic(ClassicGroup::new(0, 0)),
             offsets: BTreeMap::new(),
+            persisted: None,
         };
         simple.offsets.insert(("t".into(), 0), offset(1_000));
         simple.offsets.insert(("t".into(), 1), offset(5_000));
@@ -632,6 +795,7 @@ mod tests {
             partition: 4,
             kind: GroupKind::Consumer(ConsumerGroup::new(3, "uniform", 2_000)),
             offsets: BTreeMap::new(),
+            persisted: None,
         };
         empty.offsets.insert(("t".into(), 0), offset(0));
         c.groups.insert("empty".into(), empty);

@@ -60,6 +60,9 @@ fn validate(
     if req.group_id.is_empty() {
         return invalid("GroupId can't be empty.");
     }
+    if group::check_string(&req.group_id).is_err() {
+        return Err(BrokerError::InvalidGroupId);
+    }
     if req.instance_id.as_ref().is_some_and(|i| i.is_empty()) {
         return invalid("InstanceId can't be empty.");
     }
@@ -170,9 +173,9 @@ async fn heartbeat(
                     .flatten();
                 (r, record)
             };
-            // The epoch is written so a restarted coordinator continues above it; members are
-            // not persisted (see `group`).
-            group::detach_write(group::append(&partition, record.as_slice(), now));
+            // The epoch is durable before the member hears of it, so the group exists after a
+            // restart; members are not persisted (see `group`).
+            group::append(&partition, record.as_slice(), now).await?;
             Ok(result)
         }
         .boxed_local()
@@ -204,12 +207,13 @@ fn consumer_group<'a>(
                     partition,
                     kind: new_group(),
                     offsets: BTreeMap::new(),
+                    persisted: None,
                 },
             );
         }
         Some(g) => {
             if let GroupKind::Classic(cg) = &g.kind {
-                if !cg.is_empty() {
+                if !cg.is_empty() || !create {
                     return Err(BrokerError::GroupIdNotFound(format!(
                         "Group {id} is not a consumer group."
                     )));

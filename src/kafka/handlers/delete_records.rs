@@ -9,6 +9,7 @@ use kafka_protocol::messages::delete_records_response::{
 use kafka_protocol::messages::{DeleteRecordsRequest, DeleteRecordsResponse};
 
 use crate::errors::BrokerError;
+use crate::group::OFFSETS_TOPIC;
 use crate::kafka::RequestContext;
 use crate::types::TopicPartition;
 
@@ -22,6 +23,16 @@ pub async fn handle(ctx: Rc<RequestContext>, req: DeleteRecordsRequest) -> Delet
                 partition: p.partition_index,
             };
             let offset = p.offset;
+            if tp.topic == OFFSETS_TOPIC {
+                // Kafka: records of an internal topic cannot be deleted.
+                partitions.push(
+                    DeleteRecordsPartitionResult::default()
+                        .with_partition_index(p.partition_index)
+                        .with_low_watermark(-1)
+                        .with_error_code(BrokerError::InvalidTopic(String::new()).code()),
+                );
+                continue;
+            }
             let r = ctx
                 .shard
                 .on_partition(tp, move |part| {

@@ -80,8 +80,13 @@ async fn describe(ctx: &RequestContext, id: String) -> Result<Option<DescribedGr
                                 .with_member_assignment(assignment)
                         })
                         .collect();
-                    base.with_protocol_data(text(&protocol))
-                        .with_members(members)
+                    // Kafka names the protocol only once the group is stable.
+                    let protocol_data = if stable {
+                        text(&protocol)
+                    } else {
+                        StrBytes::default()
+                    };
+                    base.with_protocol_data(protocol_data).with_members(members)
                 }
                 // A KIP-848 group is described by ConsumerGroupDescribe; here it is not a
                 // classic group.

@@ -53,6 +53,20 @@ async fn join(ctx: &RequestContext, req: JoinGroupRequest) -> Result<JoinResult,
     if group_id.is_empty() {
         return Err(BrokerError::InvalidGroupId);
     }
+    let cfg = &ctx.shard.config.group;
+    if req.session_timeout_ms < cfg.min_session_timeout_ms
+        || req.session_timeout_ms > cfg.max_session_timeout_ms
+    {
+        return Err(BrokerError::InvalidSessionTimeout);
+    }
+    group::check_string(&group_id).map_err(|_| BrokerError::InvalidGroupId)?;
+    for s in [req.member_id.as_str(), req.protocol_type.as_str()]
+        .into_iter()
+        .chain(req.group_instance_id.as_deref())
+        .chain(req.protocols.iter().map(|p| p.name.as_str()))
+    {
+        group::check_string(s)?;
+    }
     let join = JoinRequest {
         member_id: req.member_id.to_string(),
         instance_id: req.group_instance_id.map(|i| i.to_string()),
@@ -98,7 +112,7 @@ async fn join(ctx: &RequestContext, req: JoinGroupRequest) -> Result<JoinResult,
                     &mut fx,
                 );
             }
-            group::finish_classic(&s, &partition, &id, fx, now);
+            drop(group::finish_classic(&s, &partition, &id, fx, now));
             Ok(rx)
         }
         .boxed_local()

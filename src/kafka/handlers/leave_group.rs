@@ -74,7 +74,10 @@ async fn leave(
                     .map(|(member, instance)| g.leave(member, instance.as_deref(), now, &mut fx))
                     .collect()
             };
-            group::finish_classic(&s, &partition, &id, fx, now);
+            // The group's new state is durable before the members are told they left.
+            group::finish_classic(&s, &partition, &id, fx, now)
+                .await
+                .unwrap_or(Err(BrokerError::NotCoordinator))?;
             Ok(results)
         }
         .boxed_local()

@@ -12,9 +12,8 @@ use kafka_protocol::messages::offset_commit_response::{
 use kafka_protocol::messages::{OffsetCommitRequest, OffsetCommitResponse};
 
 use crate::errors::BrokerError;
-use crate::group::classic::ClassicGroup;
 use crate::group::codec::{CoordinatorRecord, OffsetValue};
-use crate::group::{self, Group, GroupKind};
+use crate::group::{self, Group};
 use crate::kafka::RequestContext;
 use crate::types::now_ms;
 
@@ -94,7 +93,7 @@ async fn commit(
     commits: Vec<Commit>,
 ) -> Result<Vec<i16>, BrokerError> {
     let group_id = req.group_id.0.to_string();
-    if group_id.is_empty() {
+    if group_id.is_empty() || group::check_string(&group_id).is_err() {
         return Err(BrokerError::InvalidGroupId);
     }
     let version = ctx.version;
@@ -119,17 +118,8 @@ async fn commit(
                             BrokerError::IllegalGeneration
                         });
                     }
-                    c.groups.insert(
-                        id.clone(),
-                        Group {
-                            partition: partition.index,
-                            kind: GroupKind::Classic(ClassicGroup::new(
-                                now,
-                                cfg.initial_rebalance_delay_ms,
-                            )),
-                            offsets: BTreeMap::new(),
-                        },
-                    );
+                    c.groups
+                        .insert(id.clone(), Group::offsets_only(partition.index, &cfg, now));
                 }
                 let g = c.groups.get_mut(&id).expect("present");
                 g.validate_offset_commit(
@@ -141,7 +131,8 @@ async fn commit(
                 )?;
                 for (topic, p, offset, leader_epoch, metadata) in commits {
                     let metadata = metadata.unwrap_or_default();
-                    if metadata.len() > cfg.offset_metadata_max_bytes {
+                    // The record stores it as an int16-length string.
+                    if metadata.len() > cfg.offset_metadata_max_bytes.min(group::STRING_BYTES_MAX) {
                         codes.push(BrokerError::OffsetMetadataTooLarge.code());
                         continue;
                     }

@@ -54,7 +54,7 @@ async fn sync(ctx: &RequestContext, req: SyncGroupRequest) -> SyncResult {
                     &mut fx,
                 );
             }
-            group::finish_classic(&s, &partition, &id, fx, now);
+            drop(group::finish_classic(&s, &partition, &id, fx, now));
             Ok(rx)
         }
         .boxed_local()

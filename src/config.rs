@@ -725,6 +725,15 @@ impl BrokerConfig {
                     }
                     self.group.consumer_assignors = names;
                 }
+                "group.consumer.migration.policy" => match v.to_ascii_lowercase().as_str() {
+                    "disabled" => {}
+                    "upgrade" | "downgrade" | "bidirectional" => tracing::warn!(
+                        key = %key,
+                        value = v,
+                        "ferrolog does not migrate live groups between the classic and consumer protocols; it behaves as disabled"
+                    ),
+                    _ => bail!("{key}={v}: expected disabled, upgrade, downgrade or bidirectional"),
+                },
                 k if IGNORED_BROKER_KEYS.contains(&k) => {
                     tracing::warn!(
                         key = k,

@@ -98,6 +98,8 @@ pub enum BrokerError {
     UnreleasedInstanceId(String),
     #[error("The committing offset data size is not valid.")]
     InvalidCommitOffsetSize,
+    #[error("{0}")]
+    InvalidRegularExpression(String),
 }
 
 impl BrokerError {
@@ -170,6 +172,7 @@ pub fn kafka_error(e: &BrokerError) -> ResponseError {
         BrokerError::UnsupportedAssignor(_) => ResponseError::UnsupportedAssignor,
         BrokerError::UnreleasedInstanceId(_) => ResponseError::UnreleasedInstanceId,
         BrokerError::InvalidCommitOffsetSize => ResponseError::InvalidCommitOffsetSize,
+        BrokerError::InvalidRegularExpression(_) => ResponseError::InvalidRegularExpression,
     }
 }
 
@@ -230,6 +233,7 @@ mod tests {
             (BrokerError::UnsupportedAssignor(String::new()), 112),
             (BrokerError::StaleMemberEpoch, 113),
             (BrokerError::InvalidCommitOffsetSize, 28),
+            (BrokerError::InvalidRegularExpression(String::new()), 128),
         ];
         for (e, code) in table {
             assert_eq!(e.code(), *code, "{e:?}");

@@ -44,6 +44,8 @@ pub struct ConsumerMember {
     pub client_id: String,
     pub client_host: String,
     pub subscribed_topics: Vec<String>,
+    /// A regular expression subscription (ConsumerGroupHeartbeat v1), in Kafka's RE2J syntax.
+    pub subscribed_regex: Option<String>,
     pub server_assignor: Option<String>,
     pub rebalance_timeout_ms: i32,
     pub epoch: i32,
@@ -68,6 +70,8 @@ pub struct HeartbeatRequest {
     pub rack_id: Option<String>,
     pub rebalance_timeout_ms: i32,
     pub subscribed_topics: Option<Vec<String>>,
+    /// `Some("")` clears a regular expression subscription.
+    pub subscribed_regex: Option<String>,
     pub server_assignor: Option<String>,
     pub owned: Option<Assignment>,
     pub client_id: String,
@@ -92,6 +96,10 @@ pub struct ConsumerGroup {
     pub assignor: String,
     /// When the group last became empty (or was created), for offset expiry.
     pub state_timestamp_ms: i64,
+    /// The topics each subscribed regular expression matched when last resolved. Like Kafka,
+    /// which resolves them in the background, a new or changed resolution counts from the
+    /// next heartbeat on (the group epoch moves when it changes).
+    resolved_regexes: BTreeMap<String, BTreeSet<String>>,
 }
 
 /// Epoch a member sends to leave (dynamic) or to leave temporarily (static).
@@ -108,6 +116,7 @@ impl ConsumerGroup {
             topics: TopicsMeta::new(),
             assignor: assignor.to_string(),
             state_timestamp_ms: now_ms,
+            resolved_regexes: BTreeMap::new(),
         }
     }
 
@@ -132,11 +141,22 @@ impl ConsumerGroup {
         self.target.get(member_id).cloned().unwrap_or_default()
     }
 
+    /// The topics a member subscribes to, by name and through its regular expression.
+    fn member_topics<'a>(&'a self, m: &'a ConsumerMember) -> impl Iterator<Item = &'a String> {
+        let by_regex = m
+            .subscribed_regex
+            .as_ref()
+            .and_then(|r| self.resolved_regexes.get(r))
+            .into_iter()
+            .flatten();
+        m.subscribed_topics.iter().chain(by_regex)
+    }
+
     /// Topics any member subscribes to.
     pub fn subscribed_topics(&self) -> BTreeSet<String> {
         self.members
             .values()
-            .flat_map(|m| m.subscribed_topics.iter().cloned())
+            .flat_map(|m| self.member_topics(m).cloned())
             .collect()
     }
 
@@ -150,13 +170,18 @@ impl ConsumerGroup {
         &mut self,
         req: HeartbeatRequest,
         topics: impl Fn(&BTreeSet<String>) -> TopicsMeta,
+        resolve_regex: impl Fn(&str) -> BTreeSet<String>,
         session_timeout_ms: i32,
         max_size: usize,
         now_ms: i64,
     ) -> Result<HeartbeatResult, BrokerError> {
         let session_deadline_ms = now_ms + i64::from(session_timeout_ms);
         match req.member_epoch {
-            0 => self.join(&req, max_size, session_deadline_ms)?,
+            // Epoch 0 from a member the group already has is a heartbeat like any other (Kafka
+            // accepts it only as a repeat of the member's first join).
+            0 if !self.members.contains_key(&req.member_id) => {
+                self.join(&req, max_size, session_deadline_ms)?
+            }
             LEAVE_EPOCH | LEAVE_STATIC_EPOCH => {
                 if self.members.shift_remove(&req.member_id).is_none() {
                     return Err(BrokerError::UnknownMemberId);
@@ -209,6 +234,13 @@ impl ConsumerGroup {
                         changed = true;
                     }
                 }
+                if let Some(regex) = &req.subscribed_regex {
+                    let regex = (!regex.is_empty()).then(|| regex.clone());
+                    if regex != m.subscribed_regex {
+                        m.subscribed_regex = regex;
+                        changed = true;
+                    }
+                }
                 if changed {
                     self.bump_epoch();
                 }
@@ -239,11 +271,36 @@ impl ConsumerGroup {
         } else {
             None
         };
-        Ok(HeartbeatResult {
+        let result = HeartbeatResult {
             member_id: m.member_id.clone(),
             member_epoch: m.epoch,
             assignment,
-        })
+        };
+        self.refresh_regexes(resolve_regex);
+        Ok(result)
+    }
+
+    /// Resolves the members' regular expressions again; a changed resolution moves the
+    /// group epoch, so the next heartbeat recomputes the target assignment.
+    fn refresh_regexes(&mut self, resolve: impl Fn(&str) -> BTreeSet<String>) {
+        let regexes: BTreeSet<String> = self
+            .members
+            .values()
+            .filter_map(|m| m.subscribed_regex.clone())
+            .collect();
+        let resolved: BTreeMap<String, BTreeSet<String>> = regexes
+            .into_iter()
+            .map(|r| {
+                let topics = resolve(&r);
+                (r, topics)
+            })
+            .collect();
+        if resolved != self.resolved_regexes {
+            self.resolved_regexes = resolved;
+            if self.assignment_epoch == self.epoch {
+                self.bump_epoch();
+            }
+        }
     }
 
     fn join(
@@ -262,6 +319,7 @@ impl ConsumerGroup {
             client_id: req.client_id.clone(),
             client_host: req.client_host.clone(),
             subscribed_topics: subscribed,
+            subscribed_regex: req.subscribed_regex.clone().filter(|r| !r.is_empty()),
             server_assignor: req.server_assignor.clone(),
             rebalance_timeout_ms: req.rebalance_timeout_ms,
             epoch: 0,
@@ -353,9 +411,8 @@ impl ConsumerGroup {
             .members
             .values()
             .map(|m| {
-                let ids = m
-                    .subscribed_topics
-                    .iter()
+                let ids = self
+                    .member_topics(m)
                     .filter_map(|t| self.topics.get(t).map(|(id, _)| *id))
                     .collect();
                 (m.member_id.clone(), ids, self.target_of(&m.member_id))
@@ -593,11 +650,16 @@ mod tests {
             rack_id: None,
             rebalance_timeout_ms: 30_000,
             subscribed_topics: (epoch == 0).then(|| vec!["t".to_string()]),
+            subscribed_regex: None,
             server_assignor: None,
             owned,
             client_id: "c".into(),
             client_host: "/127.0.0.1".into(),
         }
+    }
+
+    fn no_regex(_: &str) -> BTreeSet<String> {
+        BTreeSet::new()
     }
 
     fn count(a: &Assignment) -> usize {
@@ -610,13 +672,27 @@ mod tests {
         let meta = move |_: &BTreeSet<String>| TopicsMeta::from([("t".to_string(), (topic, 12))]);
         let mut g = ConsumerGroup::new(0, "uniform", 0);
         let a = g
-            .heartbeat(req("a", 0, Some(Assignment::new())), meta, 45_000, 100, 0)
+            .heartbeat(
+                req("a", 0, Some(Assignment::new())),
+                meta,
+                no_regex,
+                45_000,
+                100,
+                0,
+            )
             .unwrap();
         assert_eq!(count(a.assignment.as_ref().unwrap()), 12);
         let a_owned = a.assignment.clone().unwrap();
         // b joins: it gets nothing until a has released half.
         let b = g
-            .heartbeat(req("b", 0, Some(Assignment::new())), meta, 45_000, 100, 1)
+            .heartbeat(
+                req("b", 0, Some(Assignment::new())),
+                meta,
+                no_regex,
+                45_000,
+                100,
+                1,
+            )
             .unwrap();
         assert_eq!(count(b.assignment.as_ref().unwrap()), 0);
         assert!(b.member_epoch > a.member_epoch);
@@ -625,6 +701,7 @@ mod tests {
             .heartbeat(
                 req("a", a.member_epoch, Some(a_owned.clone())),
                 meta,
+                no_regex,
                 45_000,
                 100,
                 2,
@@ -638,6 +715,7 @@ mod tests {
             .heartbeat(
                 req("b", b.member_epoch, Some(Assignment::new())),
                 meta,
+                no_regex,
                 45_000,
                 100,
                 3,
@@ -649,6 +727,7 @@ mod tests {
             .heartbeat(
                 req("a", a2.member_epoch, Some(kept.clone())),
                 meta,
+                no_regex,
                 45_000,
                 100,
                 4,
@@ -659,6 +738,7 @@ mod tests {
             .heartbeat(
                 req("b", b.member_epoch, Some(Assignment::new())),
                 meta,
+                no_regex,
                 45_000,
                 100,
                 5,
@@ -676,14 +756,28 @@ mod tests {
         let meta = move |_: &BTreeSet<String>| TopicsMeta::from([("t".to_string(), (topic, 3))]);
         let mut g = ConsumerGroup::new(0, "uniform", 0);
         let a = g
-            .heartbeat(req("a", 0, Some(Assignment::new())), meta, 45_000, 100, 0)
+            .heartbeat(
+                req("a", 0, Some(Assignment::new())),
+                meta,
+                no_regex,
+                45_000,
+                100,
+                0,
+            )
             .unwrap();
         assert_eq!(
-            g.heartbeat(req("a", a.member_epoch + 5, None), meta, 45_000, 100, 1),
+            g.heartbeat(
+                req("a", a.member_epoch + 5, None),
+                meta,
+                no_regex,
+                45_000,
+                100,
+                1
+            ),
             Err(BrokerError::FencedMemberEpoch)
         );
         assert_eq!(
-            g.heartbeat(req("zz", 3, None), meta, 45_000, 100, 1),
+            g.heartbeat(req("zz", 3, None), meta, no_regex, 45_000, 100, 1),
             Err(BrokerError::UnknownMemberId)
         );
         // Session expiry removes the member and moves the epoch.

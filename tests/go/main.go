@@ -2,6 +2,8 @@
 //
 // Usage: franzcheck BOOTSTRAP SPEC_JSON RESULT_JSON
 //
+// (group.go adds the consumer-group subcommands "group" and "offsets".)
+//
 // It creates the spec's topic with kadm, produces each compression group with its
 // own kgo client (idempotent, acks=all, manual partitioning, explicit timestamps)
 // and waits for every ack before the next group, reads every partition from the
@@ -77,6 +79,13 @@ type result struct {
 }
 
 func main() {
+	if ran, err := groupMain(); ran {
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "franzcheck:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if len(os.Args) != 4 {
 		fmt.Fprintln(os.Stderr, "usage: franzcheck BOOTSTRAP SPEC_JSON RESULT_JSON")
 		os.Exit(2)

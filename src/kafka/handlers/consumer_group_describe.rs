@@ -25,7 +25,12 @@ pub async fn handle(
     let mut groups = Vec::with_capacity(req.group_ids.len());
     for id in req.group_ids {
         let name = id.0.to_string();
-        let described = match describe(&ctx, name.clone()).await {
+        let described = if name.is_empty() {
+            Err(BrokerError::InvalidGroupId)
+        } else {
+            describe(&ctx, name.clone()).await
+        };
+        let described = match described {
             Ok(g) => g,
             Err(e) => {
                 let e = match e {

@@ -94,9 +94,7 @@ fn validate(
         .as_ref()
         .filter(|r| !r.is_empty())
     {
-        return Err(BrokerError::InvalidRequest(format!(
-            "SubscribedTopicRegex {regex:?} is not supported by ferrolog yet; subscribe to topic names."
-        )));
+        compile(regex)?;
     }
     if let Some(a) = &req.server_assignor {
         if !cfg.consumer_assignors.iter().any(|n| n == a.as_str()) {
@@ -131,6 +129,7 @@ async fn heartbeat(
         subscribed_topics: req
             .subscribed_topic_names
             .map(|ts| ts.into_iter().map(|t| t.0.to_string()).collect()),
+        subscribed_regex: req.subscribed_topic_regex.map(|r| r.to_string()),
         server_assignor: req.server_assignor.map(|a| a.to_string()),
         owned: req.topic_partitions.map(|ts| {
             let mut owned = consumer::Assignment::new();
@@ -153,6 +152,18 @@ async fn heartbeat(
                     .filter_map(|n| image.topic(n).map(|t| (n.clone(), (t.id, t.partitions))))
                     .collect()
             };
+            // A regular expression matches whole topic names, never the internal topic.
+            let resolve_regex = |regex: &str| -> BTreeSet<String> {
+                let Ok(re) = compile(regex) else {
+                    return BTreeSet::new();
+                };
+                image
+                    .topics
+                    .keys()
+                    .filter(|t| *t != group::OFFSETS_TOPIC && re.is_match(t))
+                    .cloned()
+                    .collect()
+            };
             let (result, record) = {
                 let mut c = s.groups.borrow_mut();
                 let create = hb.member_epoch == 0;
@@ -164,6 +175,7 @@ async fn heartbeat(
                 let r = cg.heartbeat(
                     hb,
                     resolve,
+                    resolve_regex,
                     cfg.consumer_session_timeout_ms,
                     cfg.consumer_max_size,
                     now,
@@ -181,6 +193,16 @@ async fn heartbeat(
         .boxed_local()
     })
     .await
+}
+
+/// Compiles a subscription's regular expression, anchored to whole topic names as Kafka's
+/// RE2J `matches` is.
+fn compile(regex: &str) -> Result<regex::Regex, BrokerError> {
+    regex::Regex::new(&format!("^(?:{regex})$")).map_err(|e| {
+        BrokerError::InvalidRegularExpression(format!(
+            "SubscribedTopicRegex `{regex}` is not a valid regular expression: {e}."
+        ))
+    })
 }
 
 /// Looks a KIP-848 group up, or creates it for a joining member. An empty classic group (one

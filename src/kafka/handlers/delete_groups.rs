@@ -29,9 +29,6 @@ pub async fn handle(ctx: Rc<RequestContext>, req: DeleteGroupsRequest) -> Delete
 }
 
 async fn delete(ctx: &RequestContext, id: String) -> Result<(), BrokerError> {
-    if id.is_empty() {
-        return Err(BrokerError::InvalidGroupId);
-    }
     let gid = id.clone();
     let not_found = || BrokerError::GroupIdNotFound(format!("Group {id} not found."));
     let r = group::on_group(&ctx.shard, &id, move |s, partition| {

@@ -93,7 +93,8 @@ async fn commit(
     commits: Vec<Commit>,
 ) -> Result<Vec<i16>, BrokerError> {
     let group_id = req.group_id.0.to_string();
-    if group_id.is_empty() || group::check_string(&group_id).is_err() {
+    // Kafka accepts the empty group id for offsets.
+    if group::check_string(&group_id).is_err() {
         return Err(BrokerError::InvalidGroupId);
     }
     let version = ctx.version;

@@ -34,7 +34,9 @@ pub async fn handle(ctx: Rc<RequestContext>, req: OffsetDeleteRequest) -> Offset
                 .into_iter()
                 .zip(subscribed)
                 .map(|(t, subscribed)| {
-                    let code = if subscribed {
+                    let code = if ctx.shard.image().topic(&t.name).is_none() {
+                        BrokerError::UnknownTopicOrPartition.code()
+                    } else if subscribed {
                         BrokerError::GroupSubscribedToTopic.code()
                     } else {
                         0
@@ -63,9 +65,6 @@ async fn delete(
     id: String,
     wanted: Vec<(String, Vec<i32>)>,
 ) -> Result<Vec<bool>, BrokerError> {
-    if id.is_empty() {
-        return Err(BrokerError::InvalidGroupId);
-    }
     let gid = id.clone();
     let r = group::on_group(&ctx.shard, &id, move |s, partition| {
         async move {

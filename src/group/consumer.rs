@@ -658,8 +658,14 @@ mod tests {
         }
     }
 
-    fn no_regex(_: &str) -> BTreeSet<String> {
-        BTreeSet::new()
+    /// One heartbeat with a 45 s session, no regular expressions and room for 100 members.
+    fn beat(
+        g: &mut ConsumerGroup,
+        r: HeartbeatRequest,
+        meta: impl Fn(&BTreeSet<String>) -> TopicsMeta,
+        now_ms: i64,
+    ) -> Result<HeartbeatResult, BrokerError> {
+        g.heartbeat(r, meta, |_| BTreeSet::new(), 45_000, 100, now_ms)
     }
 
     fn count(a: &Assignment) -> usize {
@@ -671,79 +677,49 @@ mod tests {
         let topic = Uuid::from_u128(7);
         let meta = move |_: &BTreeSet<String>| TopicsMeta::from([("t".to_string(), (topic, 12))]);
         let mut g = ConsumerGroup::new(0, "uniform", 0);
-        let a = g
-            .heartbeat(
-                req("a", 0, Some(Assignment::new())),
-                meta,
-                no_regex,
-                45_000,
-                100,
-                0,
-            )
-            .unwrap();
+        let a = beat(&mut g, req("a", 0, Some(Assignment::new())), meta, 0).unwrap();
         assert_eq!(count(a.assignment.as_ref().unwrap()), 12);
         let a_owned = a.assignment.clone().unwrap();
         // b joins: it gets nothing until a has released half.
-        let b = g
-            .heartbeat(
-                req("b", 0, Some(Assignment::new())),
-                meta,
-                no_regex,
-                45_000,
-                100,
-                1,
-            )
-            .unwrap();
+        let b = beat(&mut g, req("b", 0, Some(Assignment::new())), meta, 1).unwrap();
         assert_eq!(count(b.assignment.as_ref().unwrap()), 0);
         assert!(b.member_epoch > a.member_epoch);
         // a is told to keep 6 (revoke 6), still at its old epoch.
-        let a2 = g
-            .heartbeat(
-                req("a", a.member_epoch, Some(a_owned.clone())),
-                meta,
-                no_regex,
-                45_000,
-                100,
-                2,
-            )
-            .unwrap();
+        let a2 = beat(
+            &mut g,
+            req("a", a.member_epoch, Some(a_owned.clone())),
+            meta,
+            2,
+        )
+        .unwrap();
         assert_eq!(a2.member_epoch, a.member_epoch);
         let kept = a2.assignment.clone().unwrap();
         assert_eq!(count(&kept), 6);
         // b still gets nothing while a owns them.
-        let b2 = g
-            .heartbeat(
-                req("b", b.member_epoch, Some(Assignment::new())),
-                meta,
-                no_regex,
-                45_000,
-                100,
-                3,
-            )
-            .unwrap();
+        let b2 = beat(
+            &mut g,
+            req("b", b.member_epoch, Some(Assignment::new())),
+            meta,
+            3,
+        )
+        .unwrap();
         assert!(b2.assignment.is_none() || count(b2.assignment.as_ref().unwrap()) == 0);
         // a reports it released them and moves to the new epoch.
-        let a3 = g
-            .heartbeat(
-                req("a", a2.member_epoch, Some(kept.clone())),
-                meta,
-                no_regex,
-                45_000,
-                100,
-                4,
-            )
-            .unwrap();
+        let a3 = beat(
+            &mut g,
+            req("a", a2.member_epoch, Some(kept.clone())),
+            meta,
+            4,
+        )
+        .unwrap();
         assert_eq!(a3.member_epoch, b.member_epoch);
-        let b3 = g
-            .heartbeat(
-                req("b", b.member_epoch, Some(Assignment::new())),
-                meta,
-                no_regex,
-                45_000,
-                100,
-                5,
-            )
-            .unwrap();
+        let b3 = beat(
+            &mut g,
+            req("b", b.member_epoch, Some(Assignment::new())),
+            meta,
+            5,
+        )
+        .unwrap();
         let b_assigned = b3.assignment.unwrap();
         assert_eq!(count(&b_assigned), 6);
         assert!(intersect(&b_assigned, &kept).is_empty());
@@ -755,29 +731,13 @@ mod tests {
         let topic = Uuid::from_u128(1);
         let meta = move |_: &BTreeSet<String>| TopicsMeta::from([("t".to_string(), (topic, 3))]);
         let mut g = ConsumerGroup::new(0, "uniform", 0);
-        let a = g
-            .heartbeat(
-                req("a", 0, Some(Assignment::new())),
-                meta,
-                no_regex,
-                45_000,
-                100,
-                0,
-            )
-            .unwrap();
+        let a = beat(&mut g, req("a", 0, Some(Assignment::new())), meta, 0).unwrap();
         assert_eq!(
-            g.heartbeat(
-                req("a", a.member_epoch + 5, None),
-                meta,
-                no_regex,
-                45_000,
-                100,
-                1
-            ),
+            beat(&mut g, req("a", a.member_epoch + 5, None), meta, 1),
             Err(BrokerError::FencedMemberEpoch)
         );
         assert_eq!(
-            g.heartbeat(req("zz", 3, None), meta, no_regex, 45_000, 100, 1),
+            beat(&mut g, req("zz", 3, None), meta, 1),
             Err(BrokerError::UnknownMemberId)
         );
         // Session expiry removes the member and moves the epoch.

@@ -525,7 +525,7 @@ impl ClassicGroup {
             member.awaiting_sync.take(),
             Err(BrokerError::FencedInstanceId),
         );
-        let unchanged = member.same_protocols(&req.protocols);
+        member.protocols = req.protocols.clone();
         member.member_id = new_id.clone();
         member.client_id = req.client_id.clone();
         member.client_host = req.client_host.clone();
@@ -539,6 +539,8 @@ impl ClassicGroup {
         if was_leader {
             self.leader = Some(new_id.clone());
         }
+        // Kafka: a stable group rebalances only if the protocol it would select changed.
+        let unchanged = self.select_protocol() == self.protocol;
         match self.state {
             ClassicState::Stable if unchanged => {
                 // The group's metadata names the new member id: persist it before answering.

@@ -8,10 +8,14 @@
 //! - type 2 `GroupMetadataKey` (group) -> `GroupMetadataValue` (written v3: a classic group's
 //!   generation, protocol, leader and members with their subscriptions and assignments);
 //! - type 3 `ConsumerGroupMetadataKey` (group) -> `ConsumerGroupMetadataValue` v0 (the epoch of
-//!   a KIP-848 group).
+//!   a KIP-848 group);
+//! - type 5 `ConsumerGroupMemberMetadataKey` (group, member) -> `ConsumerGroupMemberMetadataValue`
+//!   v0 (a KIP-848 member's subscription and client);
+//! - type 8 `ConsumerGroupCurrentMemberAssignmentKey` (group, member) ->
+//!   `ConsumerGroupCurrentMemberAssignmentValue` v0 (its epochs, state and partitions).
 //!
-//! A null value is a tombstone: the offset or group is gone. Other record types (Kafka's
-//! KIP-848 member and assignment records, share groups) are skipped when reading.
+//! A null value is a tombstone: the offset, group or member is gone. Other record types
+//! (Kafka's KIP-848 target-assignment records, share groups) are skipped when reading.
 //!
 //! Everything read here comes from disk, so every length is checked against the bytes at
 //! hand before it is used; a malformed record is an error, never a panic (fuzz target
@@ -75,6 +79,33 @@ pub struct GroupValue {
     pub members: Vec<MemberValue>,
 }
 
+/// A KIP-848 member as persisted (`ConsumerGroupMemberMetadataValue`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerMemberValue {
+    pub instance_id: Option<String>,
+    pub rack_id: Option<String>,
+    pub client_id: String,
+    pub client_host: String,
+    pub subscribed_topics: Vec<String>,
+    pub subscribed_regex: Option<String>,
+    pub rebalance_timeout_ms: i32,
+    pub server_assignor: Option<String>,
+}
+
+/// Partitions by topic id, as the assignment records list them.
+pub type TopicPartitionsValue = Vec<(uuid::Uuid, Vec<i32>)>;
+
+/// A KIP-848 member's reconciliation state (`ConsumerGroupCurrentMemberAssignmentValue`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerAssignmentValue {
+    pub epoch: i32,
+    pub previous_epoch: i32,
+    /// Kafka's MemberState: 0 stable, 1 unrevoked partitions, 2 unreleased partitions.
+    pub state: i8,
+    pub assigned: TopicPartitionsValue,
+    pub pending_revocation: TopicPartitionsValue,
+}
+
 /// One decoded coordinator record; `None` values are tombstones.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CoordinatorRecord {
@@ -93,6 +124,16 @@ pub enum CoordinatorRecord {
         /// The group epoch.
         value: Option<i32>,
     },
+    ConsumerMember {
+        group: String,
+        member: String,
+        value: Option<ConsumerMemberValue>,
+    },
+    ConsumerAssignment {
+        group: String,
+        member: String,
+        value: Option<ConsumerAssignmentValue>,
+    },
     /// A record type ferrolog does not keep (Kafka's KIP-848 member records, share groups).
     Other { record_type: i16 },
 }
@@ -100,6 +141,8 @@ pub enum CoordinatorRecord {
 const TYPE_OFFSET_COMMIT: i16 = 1;
 const TYPE_GROUP_METADATA: i16 = 2;
 const TYPE_CONSUMER_GROUP_METADATA: i16 = 3;
+const TYPE_CONSUMER_MEMBER_METADATA: i16 = 5;
+const TYPE_CONSUMER_MEMBER_ASSIGNMENT: i16 = 8;
 
 impl CoordinatorRecord {
     /// The record's key and value bytes (value `None`: tombstone).
@@ -167,6 +210,54 @@ impl CoordinatorRecord {
                 });
                 (key.freeze(), value)
             }
+            CoordinatorRecord::ConsumerMember {
+                group,
+                member,
+                value,
+            } => {
+                key.put_i16(TYPE_CONSUMER_MEMBER_METADATA);
+                put_string(&mut key, group);
+                put_string(&mut key, member);
+                let value = value.as_ref().map(|m| {
+                    let mut b = BytesMut::new();
+                    b.put_i16(0);
+                    put_compact_nullable_string(&mut b, m.instance_id.as_deref());
+                    put_compact_nullable_string(&mut b, m.rack_id.as_deref());
+                    put_compact_nullable_string(&mut b, Some(&m.client_id));
+                    put_compact_nullable_string(&mut b, Some(&m.client_host));
+                    put_uvarint(&mut b, m.subscribed_topics.len() as u64 + 1);
+                    for t in &m.subscribed_topics {
+                        put_compact_nullable_string(&mut b, Some(t));
+                    }
+                    put_compact_nullable_string(&mut b, m.subscribed_regex.as_deref());
+                    b.put_i32(m.rebalance_timeout_ms);
+                    put_compact_nullable_string(&mut b, m.server_assignor.as_deref());
+                    b.put_u8(0); // no tagged fields
+                    b.freeze()
+                });
+                (key.freeze(), value)
+            }
+            CoordinatorRecord::ConsumerAssignment {
+                group,
+                member,
+                value,
+            } => {
+                key.put_i16(TYPE_CONSUMER_MEMBER_ASSIGNMENT);
+                put_string(&mut key, group);
+                put_string(&mut key, member);
+                let value = value.as_ref().map(|a| {
+                    let mut b = BytesMut::new();
+                    b.put_i16(0);
+                    b.put_i32(a.epoch);
+                    b.put_i32(a.previous_epoch);
+                    b.put_i8(a.state);
+                    put_topic_partitions(&mut b, &a.assigned);
+                    put_topic_partitions(&mut b, &a.pending_revocation);
+                    b.put_u8(0);
+                    b.freeze()
+                });
+                (key.freeze(), value)
+            }
             CoordinatorRecord::Other { .. } => unreachable!("ferrolog never writes other records"),
         }
     }
@@ -211,9 +302,120 @@ impl CoordinatorRecord {
                     .transpose()?;
                 Ok(CoordinatorRecord::ConsumerGroup { group, value })
             }
+            TYPE_CONSUMER_MEMBER_METADATA => {
+                let group = get_string(&mut k)?;
+                let member = get_string(&mut k)?;
+                let value = value
+                    .map(|v| decode_member_value(record_type, v))
+                    .transpose()?;
+                Ok(CoordinatorRecord::ConsumerMember {
+                    group,
+                    member,
+                    value,
+                })
+            }
+            TYPE_CONSUMER_MEMBER_ASSIGNMENT => {
+                let group = get_string(&mut k)?;
+                let member = get_string(&mut k)?;
+                let value = value
+                    .map(|v| decode_assignment_value(record_type, v))
+                    .transpose()?;
+                Ok(CoordinatorRecord::ConsumerAssignment {
+                    group,
+                    member,
+                    value,
+                })
+            }
             other => Ok(CoordinatorRecord::Other { record_type: other }),
         }
     }
+}
+
+fn decode_member_value(record_type: i16, mut v: &[u8]) -> Result<ConsumerMemberValue, CodecError> {
+    let version = get_i16(&mut v)?;
+    if version != 0 {
+        return Err(CodecError::UnknownVersion {
+            record_type,
+            version,
+        });
+    }
+    let instance_id = get_compact_nullable_string(&mut v)?;
+    let rack_id = get_compact_nullable_string(&mut v)?;
+    let client_id = get_compact_string(&mut v)?;
+    let client_host = get_compact_string(&mut v)?;
+    let count = get_compact_len(&mut v)?;
+    let mut subscribed_topics = Vec::with_capacity(count.min(v.len()));
+    for _ in 0..count {
+        subscribed_topics.push(get_compact_string(&mut v)?);
+    }
+    let subscribed_regex = get_compact_nullable_string(&mut v)?;
+    let rebalance_timeout_ms = get_i32(&mut v)?;
+    let server_assignor = get_compact_nullable_string(&mut v)?;
+    skip_tagged_fields(&mut v)?;
+    Ok(ConsumerMemberValue {
+        instance_id,
+        rack_id,
+        client_id,
+        client_host,
+        subscribed_topics,
+        subscribed_regex,
+        rebalance_timeout_ms,
+        server_assignor,
+    })
+}
+
+fn decode_assignment_value(
+    record_type: i16,
+    mut v: &[u8],
+) -> Result<ConsumerAssignmentValue, CodecError> {
+    let version = get_i16(&mut v)?;
+    if version != 0 {
+        return Err(CodecError::UnknownVersion {
+            record_type,
+            version,
+        });
+    }
+    let epoch = get_i32(&mut v)?;
+    let previous_epoch = get_i32(&mut v)?;
+    let state = get_u8(&mut v)? as i8;
+    let assigned = get_topic_partitions(&mut v)?;
+    let pending_revocation = get_topic_partitions(&mut v)?;
+    skip_tagged_fields(&mut v)?;
+    Ok(ConsumerAssignmentValue {
+        epoch,
+        previous_epoch,
+        state,
+        assigned,
+        pending_revocation,
+    })
+}
+
+fn put_topic_partitions(b: &mut BytesMut, tps: &TopicPartitionsValue) {
+    put_uvarint(b, tps.len() as u64 + 1);
+    for (id, ps) in tps {
+        b.put_slice(id.as_bytes());
+        put_uvarint(b, ps.len() as u64 + 1);
+        for p in ps {
+            b.put_i32(*p);
+        }
+        b.put_u8(0);
+    }
+}
+
+fn get_topic_partitions(v: &mut &[u8]) -> Result<TopicPartitionsValue, CodecError> {
+    let count = get_compact_len(v)?;
+    let mut out = Vec::with_capacity(count.min(v.len() / 18));
+    for _ in 0..count {
+        let id = uuid::Uuid::from_slice(take(v, 16)?).expect("16 bytes");
+        let n = get_compact_len(v)?;
+        let mut ps = Vec::with_capacity(n.min(v.len() / 4));
+        for _ in 0..n {
+            ps.push(get_i32(v)?);
+        }
+        skip_tagged_fields(v)?;
+        out.push((id, ps));
+    }
+    Ok(out)
 }
 
 fn decode_offset_value(mut v: &[u8]) -> Result<OffsetValue, CodecError> {
@@ -398,6 +600,24 @@ fn put_nullable_string(b: &mut BytesMut, s: Option<&str>) {
     }
 }
 
+fn put_uvarint(b: &mut BytesMut, mut v: u64) {
+    while v >= 0x80 {
+        b.put_u8((v as u8) | 0x80);
+        v >>= 7;
+    }
+    b.put_u8(v as u8);
+}
+
+fn put_compact_nullable_string(b: &mut BytesMut, s: Option<&str>) {
+    match s {
+        Some(s) => {
+            put_uvarint(b, s.len() as u64 + 1);
+            b.put_slice(s.as_bytes());
+        }
+        None => b.put_u8(0),
+    }
+}
+
 fn put_varint(b: &mut BytesMut, v: i64) {
     let mut z = ((v << 1) ^ (v >> 63)) as u64;
     while z >= 0x80 {
@@ -448,12 +668,26 @@ fn get_string(b: &mut &[u8]) -> Result<String, CodecError> {
     get_nullable_string(b)?.ok_or(CodecError::InvalidLength(-1))
 }
 
-fn get_compact_string(b: &mut &[u8]) -> Result<String, CodecError> {
+fn get_compact_nullable_string(b: &mut &[u8]) -> Result<Option<String>, CodecError> {
     let len = get_uvarint(b)?;
     if len == 0 {
+        return Ok(None);
+    }
+    let len = usize::try_from(len - 1).map_err(|_| CodecError::InvalidLength(-1))?;
+    Ok(Some(utf8(take(b, len)?)?))
+}
+
+fn get_compact_string(b: &mut &[u8]) -> Result<String, CodecError> {
+    get_compact_nullable_string(b)?.ok_or(CodecError::InvalidLength(-1))
+}
+
+/// A compact array's length (no null arrays in these records).
+fn get_compact_len(b: &mut &[u8]) -> Result<usize, CodecError> {
+    let n = get_uvarint(b)?;
+    if n == 0 {
         return Err(CodecError::InvalidLength(-1));
     }
-    utf8(take(b, (len - 1) as usize)?)
+    usize::try_from(n - 1).map_err(|_| CodecError::InvalidLength(-1))
 }
 
 fn get_bytes(b: &mut &[u8]) -> Result<Bytes, CodecError> {
@@ -555,6 +789,36 @@ mod tests {
             },
             CoordinatorRecord::Group {
                 group: "g3".into(),
+                value: None,
+            },
+            CoordinatorRecord::ConsumerMember {
+                group: "g2".into(),
+                member: "m".into(),
+                value: Some(ConsumerMemberValue {
+                    instance_id: None,
+                    rack_id: Some("r1".into()),
+                    client_id: "c".into(),
+                    client_host: "/127.0.0.1".into(),
+                    subscribed_topics: vec!["a".into(), "b".into()],
+                    subscribed_regex: Some("x.*".into()),
+                    rebalance_timeout_ms: 30_000,
+                    server_assignor: None,
+                }),
+            },
+            CoordinatorRecord::ConsumerAssignment {
+                group: "g2".into(),
+                member: "m".into(),
+                value: Some(ConsumerAssignmentValue {
+                    epoch: 4,
+                    previous_epoch: 3,
+                    state: 1,
+                    assigned: vec![(uuid::Uuid::from_u128(9), vec![0, 2])],
+                    pending_revocation: vec![(uuid::Uuid::from_u128(9), vec![1])],
+                }),
+            },
+            CoordinatorRecord::ConsumerAssignment {
+                group: "g2".into(),
+                member: "gone".into(),
                 value: None,
             },
         ]

@@ -9,8 +9,8 @@
 //! - then it moves to the new epoch and gets the target's partitions that no other member
 //!   still holds; the rest follow on later heartbeats, once their owners released them.
 //!
-//! So, while the coordinator runs, a partition is never owned by two members at once (members
-//! are not persisted: see `group` for what a restart does). A member that does not revoke within
+//! So a partition is never owned by two members at once; members' states are persisted, so
+//! this holds across a restart too. A member that does not revoke within
 //! its rebalance timeout, or stops heartbeating for the session timeout, is removed.
 //!
 //! Sans-IO: time and the topic metadata come in as parameters.
@@ -21,6 +21,9 @@ use indexmap::IndexMap;
 use uuid::Uuid;
 
 use crate::errors::BrokerError;
+use crate::group::codec::{
+    ConsumerAssignmentValue, ConsumerMemberValue, CoordinatorRecord, TopicPartitionsValue,
+};
 
 /// Partitions by topic id.
 pub type Assignment = BTreeMap<Uuid, BTreeSet<i32>>;
@@ -429,8 +432,113 @@ impl ConsumerGroup {
         self.assignment_epoch = self.epoch;
     }
 
-    /// Removes members whose session lapsed or who did not revoke in time; true if any went.
-    pub fn tick(&mut self, now_ms: i64) -> bool {
+    /// The records that persist a member (tombstones once it is gone): its metadata and its
+    /// reconciliation state, so a restarted coordinator knows who owns what.
+    pub fn member_records(&self, group_id: &str, member_id: &str) -> Vec<CoordinatorRecord> {
+        let (meta, assignment) = match self.members.get(member_id) {
+            Some(m) => {
+                let (meta, assignment) = member_values(m);
+                (Some(meta), Some(assignment))
+            }
+            None => (None, None),
+        };
+        vec![
+            CoordinatorRecord::ConsumerMember {
+                group: group_id.to_string(),
+                member: member_id.to_string(),
+                value: meta,
+            },
+            CoordinatorRecord::ConsumerAssignment {
+                group: group_id.to_string(),
+                member: member_id.to_string(),
+                value: assignment,
+            },
+        ]
+    }
+
+    /// What `member_records` would write for a member now (to see whether it changed).
+    pub fn member_state(
+        &self,
+        member_id: &str,
+    ) -> Option<(ConsumerMemberValue, ConsumerAssignmentValue)> {
+        self.members.get(member_id).map(member_values)
+    }
+
+    /// Replay: a member's metadata record (`None`: the member left).
+    pub fn restore_member(
+        &mut self,
+        member_id: &str,
+        value: Option<ConsumerMemberValue>,
+        session_timeout_ms: i32,
+        now_ms: i64,
+    ) {
+        let Some(v) = value else {
+            self.members.shift_remove(member_id);
+            return;
+        };
+        let restored = ConsumerMember {
+            member_id: member_id.to_string(),
+            instance_id: v.instance_id,
+            rack_id: v.rack_id,
+            client_id: v.client_id,
+            client_host: v.client_host,
+            subscribed_topics: v.subscribed_topics,
+            subscribed_regex: v.subscribed_regex,
+            server_assignor: v.server_assignor,
+            rebalance_timeout_ms: v.rebalance_timeout_ms,
+            epoch: 0,
+            previous_epoch: -1,
+            state: MemberState::Stable,
+            assigned: Assignment::new(),
+            pending_revocation: Assignment::new(),
+            session_deadline_ms: now_ms + i64::from(session_timeout_ms),
+            revocation_deadline_ms: now_ms + i64::from(v.rebalance_timeout_ms.max(0)),
+            last_sent: None,
+        };
+        match self.members.get_mut(member_id) {
+            Some(m) => {
+                let (epoch, previous, state) = (m.epoch, m.previous_epoch, m.state);
+                let (assigned, pending) = (m.assigned.clone(), m.pending_revocation.clone());
+                *m = restored;
+                (m.epoch, m.previous_epoch, m.state) = (epoch, previous, state);
+                (m.assigned, m.pending_revocation) = (assigned, pending);
+            }
+            None => {
+                self.members.insert(member_id.to_string(), restored);
+            }
+        }
+    }
+
+    /// Replay: a member's reconciliation state.
+    pub fn restore_assignment(&mut self, member_id: &str, v: ConsumerAssignmentValue) {
+        let Some(m) = self.members.get_mut(member_id) else {
+            return;
+        };
+        m.epoch = v.epoch;
+        m.previous_epoch = v.previous_epoch;
+        m.state = match v.state {
+            1 => MemberState::UnrevokedPartitions,
+            2 => MemberState::UnreleasedPartitions,
+            _ => MemberState::Stable,
+        };
+        m.assigned = from_value(&v.assigned);
+        m.pending_revocation = from_value(&v.pending_revocation);
+        m.last_sent = Some(m.assigned.clone());
+    }
+
+    /// After a replay: the members' current partitions stand in for the target, so the
+    /// next computation keeps them where they are whenever the balance allows.
+    pub fn finish_restore(&mut self) {
+        self.target = self
+            .members
+            .values()
+            .map(|m| (m.member_id.clone(), m.assigned.clone()))
+            .collect();
+        self.assignment_epoch = self.epoch;
+    }
+
+    /// Removes members whose session lapsed or who did not revoke in time; returns them.
+    pub fn tick(&mut self, now_ms: i64) -> Vec<String> {
         let gone: Vec<String> = self
             .members
             .values()
@@ -452,7 +560,7 @@ impl ConsumerGroup {
                 self.state_timestamp_ms = now_ms;
             }
         }
-        !gone.is_empty()
+        gone
     }
 
     /// OffsetCommit/OffsetFetch from a member: it must exist and have the current epoch.
@@ -466,6 +574,47 @@ impl ConsumerGroup {
         }
         Ok(())
     }
+}
+
+fn member_values(m: &ConsumerMember) -> (ConsumerMemberValue, ConsumerAssignmentValue) {
+    let meta = ConsumerMemberValue {
+        instance_id: m.instance_id.clone(),
+        rack_id: m.rack_id.clone(),
+        client_id: m.client_id.clone(),
+        client_host: m.client_host.clone(),
+        subscribed_topics: m.subscribed_topics.clone(),
+        subscribed_regex: m.subscribed_regex.clone(),
+        rebalance_timeout_ms: m.rebalance_timeout_ms,
+        server_assignor: m.server_assignor.clone(),
+    };
+    let assignment = ConsumerAssignmentValue {
+        epoch: m.epoch,
+        previous_epoch: m.previous_epoch,
+        state: match m.state {
+            MemberState::Stable => 0,
+            MemberState::UnrevokedPartitions => 1,
+            MemberState::UnreleasedPartitions => 2,
+        },
+        assigned: to_value(&m.assigned),
+        pending_revocation: to_value(&m.pending_revocation),
+    };
+    (meta, assignment)
+}
+
+fn to_value(a: &Assignment) -> TopicPartitionsValue {
+    a.iter()
+        .map(|(t, ps)| (*t, ps.iter().copied().collect()))
+        .collect()
+}
+
+fn from_value(v: &TopicPartitionsValue) -> Assignment {
+    let mut a = Assignment::new();
+    for (t, ps) in v {
+        if !ps.is_empty() {
+            a.entry(*t).or_default().extend(ps.iter().copied());
+        }
+    }
+    a
 }
 
 fn is_subset(a: &Assignment, b: &Assignment) -> bool {
@@ -727,6 +876,59 @@ mod tests {
     }
 
     #[test]
+    fn members_survive_a_replay_mid_revocation() {
+        let topic = Uuid::from_u128(7);
+        let meta = move |_: &BTreeSet<String>| TopicsMeta::from([("t".to_string(), (topic, 6))]);
+        let mut g = ConsumerGroup::new(0, "uniform", 0);
+        let a = beat(&mut g, req("a", 0, Some(Assignment::new())), meta, 0).unwrap();
+        let b = beat(&mut g, req("b", 0, Some(Assignment::new())), meta, 1).unwrap();
+        // a is asked to give up half but has not yet: partitions pending revocation.
+        let owned = a.assignment.clone();
+        let a2 = beat(&mut g, req("a", a.member_epoch, owned.clone()), meta, 2).unwrap();
+        assert_eq!(g.members["a"].state, MemberState::UnrevokedPartitions);
+        // Write both members' records, read them back into a fresh group.
+        let mut restored = ConsumerGroup::new(g.epoch, "uniform", 10);
+        for id in ["a", "b"] {
+            for r in g.member_records("grp", id) {
+                let (k, v) = r.encode();
+                match CoordinatorRecord::decode(&k, v.as_deref()).unwrap() {
+                    CoordinatorRecord::ConsumerMember { value, .. } => {
+                        restored.restore_member(id, value, 45_000, 10)
+                    }
+                    CoordinatorRecord::ConsumerAssignment { value: Some(v), .. } => {
+                        restored.restore_assignment(id, v)
+                    }
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+        }
+        restored.finish_restore();
+        assert_eq!(restored.members["a"].assigned, g.members["a"].assigned);
+        assert_eq!(
+            restored.members["a"].state,
+            MemberState::UnrevokedPartitions
+        );
+        // b still gets nothing a holds; a carries on with its epoch, not fenced.
+        let b2 = beat(
+            &mut restored,
+            req("b", b.member_epoch, Some(Assignment::new())),
+            meta,
+            11,
+        )
+        .unwrap();
+        assert!(b2.assignment.is_none_or(|x| count(&x) == 0));
+        let kept = a2.assignment.clone().unwrap();
+        let a3 = beat(
+            &mut restored,
+            req("a", a2.member_epoch, Some(kept)),
+            meta,
+            12,
+        )
+        .unwrap();
+        assert!(a3.member_epoch >= b.member_epoch);
+    }
+
+    #[test]
     fn fenced_and_unknown_members() {
         let topic = Uuid::from_u128(1);
         let meta = move |_: &BTreeSet<String>| TopicsMeta::from([("t".to_string(), (topic, 3))]);
@@ -742,7 +944,7 @@ mod tests {
         );
         // Session expiry removes the member and moves the epoch.
         let before = g.epoch;
-        assert!(g.tick(45_001));
+        assert_eq!(g.tick(45_001), vec!["a".to_string()]);
         assert!(g.members.is_empty());
         assert!(g.epoch > before);
     }

@@ -23,10 +23,10 @@
 //! older segments once the partition holds more than twice its live records
 //! (`snapshot_partitions`), which bounds both the disk and the replay.
 //!
-//! Not kept across a restart: the members of a KIP-848 group (only its epoch is written).
-//! After a restart a member's next heartbeat gets UNKNOWN_MEMBER_ID and it rejoins, which
-//! every client does on its own; until then (at most one heartbeat interval) a member that
-//! rejoined first may be given partitions another still consumes.
+//! A KIP-848 group is persisted as its epoch and, per member, its metadata and
+//! reconciliation state (epochs, owned partitions, partitions pending revocation), so members
+//! carry on after a restart. Its target assignment is not written: after a restart it is
+//! recomputed, with the members' current partitions as the starting point.
 
 pub mod classic;
 pub mod codec;
@@ -260,7 +260,33 @@ impl GroupCoordinator {
                     g.persisted = None;
                 }
             }
-            CoordinatorRecord::Other { .. } => {}
+            CoordinatorRecord::ConsumerMember {
+                group,
+                member,
+                value,
+            } => {
+                let g = entry(&mut self.groups, group, new);
+                if !matches!(g.kind, GroupKind::Consumer(_)) {
+                    let assignor = cfg.consumer_assignors[0].clone();
+                    g.kind = GroupKind::Consumer(ConsumerGroup::new(0, &assignor, now));
+                }
+                if let GroupKind::Consumer(cg) = &mut g.kind {
+                    cg.restore_member(&member, value, cfg.consumer_session_timeout_ms, now);
+                }
+            }
+            CoordinatorRecord::ConsumerAssignment {
+                group,
+                member,
+                value: Some(v),
+            } => {
+                if let Some(GroupKind::Consumer(cg)) =
+                    self.groups.get_mut(&group).map(|g| &mut g.kind)
+                {
+                    cg.restore_assignment(&member, v);
+                }
+            }
+            CoordinatorRecord::ConsumerAssignment { value: None, .. }
+            | CoordinatorRecord::Other { .. } => {}
         }
     }
 
@@ -315,10 +341,15 @@ impl GroupCoordinator {
     fn live_records(&self, partition: i32) -> Vec<CoordinatorRecord> {
         let mut out = Vec::new();
         for (id, g) in self.groups.iter().filter(|(_, g)| g.partition == partition) {
-            out.extend(match &g.kind {
-                GroupKind::Classic(_) => g.persisted.clone(),
-                GroupKind::Consumer(_) => g.metadata_record(id),
-            });
+            match &g.kind {
+                GroupKind::Classic(_) => out.extend(g.persisted.clone()),
+                GroupKind::Consumer(cg) => {
+                    out.extend(g.metadata_record(id));
+                    for member in cg.members.keys() {
+                        out.extend(cg.member_records(id, member));
+                    }
+                }
+            }
             out.extend(
                 g.offsets
                     .iter()
@@ -337,7 +368,13 @@ impl GroupCoordinator {
         self.groups
             .iter()
             .filter(|(_, g)| g.partition == partition)
-            .map(|(id, g)| g.offsets.len() + usize::from(g.metadata_record(id).is_some()))
+            .map(|(id, g)| {
+                let members = match &g.kind {
+                    GroupKind::Consumer(cg) => 2 * cg.members.len(),
+                    GroupKind::Classic(_) => 0,
+                };
+                g.offsets.len() + usize::from(g.metadata_record(id).is_some()) + members
+            })
             .sum()
     }
 
@@ -395,6 +432,15 @@ pub async fn load(shard: Rc<Shard>, index: i32, partition: Rc<Partition>) {
     }
     let mut coordinator = shard.groups.borrow_mut();
     coordinator.drop_vacant();
+    for g in coordinator
+        .groups
+        .values_mut()
+        .filter(|g| g.partition == index)
+    {
+        if let GroupKind::Consumer(cg) = &mut g.kind {
+            cg.finish_restore();
+        }
+    }
     match coordinator.partitions.get_mut(&index) {
         Some(loaded) => *loaded = true,
         None => {
@@ -607,8 +653,16 @@ pub async fn tick_loop(shard: Rc<Shard>) {
                         }
                     }
                     GroupKind::Consumer(cg) => {
-                        if cg.tick(now) {
-                            epochs.push((g.partition, g.metadata_record(id)));
+                        let gone = cg.tick(now);
+                        if !gone.is_empty() {
+                            let mut records = vec![CoordinatorRecord::ConsumerGroup {
+                                group: id.clone(),
+                                value: Some(cg.epoch),
+                            }];
+                            for member in &gone {
+                                records.extend(cg.member_records(id, member));
+                            }
+                            epochs.push((g.partition, records));
                         }
                     }
                 }
@@ -619,9 +673,9 @@ pub async fn tick_loop(shard: Rc<Shard>) {
                 drop(finish_classic(&shard, &p, &id, fx, now));
             }
         }
-        for (index, record) in epochs {
+        for (index, records) in epochs {
             if let Some(p) = offsets_partition(&shard, index) {
-                detach_write(append(&p, record.as_slice(), now));
+                detach_write(append(&p, &records, now));
             }
         }
         if now >= next_expiry {

@@ -171,7 +171,8 @@ async fn heartbeat(
                 let GroupKind::Consumer(cg) = &mut g.kind else {
                     unreachable!("consumer_group returns consumer groups")
                 };
-                let before = cg.epoch;
+                let member_id = hb.member_id.clone();
+                let before = (cg.epoch, cg.member_state(&member_id));
                 let r = cg.heartbeat(
                     hb,
                     resolve,
@@ -180,14 +181,20 @@ async fn heartbeat(
                     cfg.consumer_max_size,
                     now,
                 )?;
-                let record = (cg.epoch != before)
-                    .then(|| g.metadata_record(&id))
-                    .flatten();
-                (r, record)
+                let member_changed = cg.member_state(&member_id) != before.1;
+                let member_records = cg.member_records(&id, &member_id);
+                let mut records = Vec::new();
+                if cg.epoch != before.0 {
+                    records.extend(g.metadata_record(&id));
+                }
+                if member_changed {
+                    records.extend(member_records);
+                }
+                (r, records)
             };
-            // The epoch is durable before the member hears of it, so the group exists after a
-            // restart; members are not persisted (see `group`).
-            group::append(&partition, record.as_slice(), now).await?;
+            // The group's epoch and the member's state are durable before the member hears of
+            // them, so a restarted coordinator carries on from there.
+            group::append(&partition, &record, now).await?;
             Ok(result)
         }
         .boxed_local()

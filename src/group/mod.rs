@@ -59,8 +59,9 @@ const LOAD_READ_BYTES: usize = 1 << 20;
 const SNAPSHOT_CHECK_MS: i64 = 30_000;
 /// Records an offsets partition may hold beyond twice its live records before the rewrite.
 const SNAPSHOT_SLACK_RECORDS: i64 = 10_000;
-/// Records per batch in a rewrite (well under the topic's max.message.bytes).
-const SNAPSHOT_BATCH_RECORDS: usize = 1000;
+/// Bytes of keys and values per batch in a rewrite (well under the topic's
+/// max.message.bytes, 1 MiB by default).
+const SNAPSHOT_BATCH_BYTES: usize = 256 << 10;
 
 /// The offsets partition of a group: Kafka's `Utils.abs(groupId.hashCode()) % partitions`,
 /// with Java's String hash over UTF-16 code units, so a group has the same partition here as
@@ -715,8 +716,21 @@ fn snapshot_partitions(shard: &Rc<Shard>, now: i64) {
         let records = shard.groups.borrow().live_records(index);
         let start = partition.log.end_offset();
         let mut writes = Vec::new();
-        for chunk in records.chunks(SNAPSHOT_BATCH_RECORDS) {
-            writes.push(append(&partition, chunk, now));
+        let mut batch: Vec<CoordinatorRecord> = Vec::new();
+        let mut batch_bytes = 0;
+        for r in records {
+            let (k, v) = r.encode();
+            let size = k.len() + v.map_or(0, |v| v.len());
+            if !batch.is_empty() && batch_bytes + size > SNAPSHOT_BATCH_BYTES {
+                writes.push(append(&partition, &batch, now));
+                batch.clear();
+                batch_bytes = 0;
+            }
+            batch.push(r);
+            batch_bytes += size;
+        }
+        if !batch.is_empty() {
+            writes.push(append(&partition, &batch, now));
         }
         glommio::spawn_local(async move {
             for w in writes {

@@ -108,3 +108,28 @@ def wait_for_partition_leaders(bootstrap, topic, partitions, timeout_s=30.0):
             return False
 
     wait_until(answered, f"every partition of {topic} answers ListOffsets", timeout_s, interval_s=0.2)
+
+
+def when_coordinator_ready(call, what, timeout_s=60.0):
+    """Run a confluent-kafka group call until the group coordinator takes it; return its result.
+
+    Apache Kafka answers COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR and then
+    COORDINATOR_LOAD_IN_PROGRESS while it creates and loads __consumer_offsets (and after a
+    restart); explicit commits and `committed()` in librdkafka do not retry them.
+    """
+    from confluent_kafka import KafkaError, KafkaException
+
+    not_ready = (KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS)
+    result = []
+
+    def attempt():
+        try:
+            result.append(call())
+            return True
+        except KafkaException as e:
+            if e.args[0].code() not in not_ready:
+                raise
+            return False
+
+    wait_until(attempt, what, timeout_s, interval_s=0.5)
+    return result[0]

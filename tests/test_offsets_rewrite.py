@@ -11,10 +11,10 @@ commit must be what it was, on both brokers.
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from conftest import TARGET
-from support import wait_until
+from support import wait_until, when_coordinator_ready
 
 TOPIC = "positions"
 COMMITS = 12_000
@@ -27,31 +27,16 @@ def consumer(bootstrap, group):
 def committed(bootstrap, group):
     c = consumer(bootstrap, group)
     try:
-
-        def read():
-            try:
-                return [(tp.offset, tp.metadata) for tp in c.committed([TopicPartition(TOPIC, 0)], timeout=10)]
-            except KafkaException as e:
-                if e.args[0].code() in (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS):
-                    return None
-                raise
-
-        return wait_until(read, f"committed offsets of {group}", timeout_s=60, interval_s=0.5)
+        return when_coordinator_ready(
+            lambda: [(tp.offset, tp.metadata) for tp in c.committed([TopicPartition(TOPIC, 0)], timeout=10)],
+            f"committed offsets of {group}",
+        )
     finally:
         c.close()
 
 
 def commit_until_accepted(c, offsets):
-    def attempt():
-        try:
-            c.commit(offsets=offsets, asynchronous=False)
-            return True
-        except KafkaException as e:
-            if e.args[0].code() not in (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.COORDINATOR_LOAD_IN_PROGRESS):
-                raise
-            return False
-
-    wait_until(attempt, "commit accepted", timeout_s=60, interval_s=0.5)
+    when_coordinator_ready(lambda: c.commit(offsets=offsets, asynchronous=False), "commit accepted")
 
 
 def log_start(partition_dir):

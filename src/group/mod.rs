@@ -51,6 +51,12 @@ use crate::types::{now_ms, TopicPartition};
 
 /// Kafka's internal topic for group metadata and committed offsets.
 pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
+
+/// Whether a topic is internal: flagged in Metadata, written only by the broker, its records
+/// never deleted by clients, never matched by a subscription's regular expression.
+pub fn is_internal_topic(name: &str) -> bool {
+    name == OFFSETS_TOPIC
+}
 /// How often a shard checks its groups' session and rebalance timeouts.
 const TICK_MS: u64 = 100;
 /// Bytes read per round while loading an offsets partition.
@@ -827,6 +833,37 @@ pub fn classic_group<'a>(
         GroupKind::Classic(cg) => Ok(cg),
         GroupKind::Consumer(_) => unreachable!("converted above"),
     }
+}
+
+/// Looks a KIP-848 group up, or creates it for a joining member. An empty classic group (one
+/// with only offsets) becomes a consumer group; one with members is not a consumer group.
+pub fn consumer_group<'a>(
+    c: &'a mut GroupCoordinator,
+    id: &str,
+    partition: i32,
+    create: bool,
+    cfg: &GroupConfig,
+    now: i64,
+) -> Result<&'a mut Group, BrokerError> {
+    if !c.groups.contains_key(id) {
+        if !create {
+            return Err(BrokerError::GroupIdNotFound(format!(
+                "Group {id} not found."
+            )));
+        }
+        c.groups
+            .insert(id.to_string(), Group::offsets_only(partition, cfg, now));
+    }
+    let g = c.groups.get_mut(id).expect("present");
+    if let GroupKind::Classic(cg) = &g.kind {
+        if !cg.is_empty() || !create {
+            return Err(BrokerError::GroupIdNotFound(format!(
+                "Group {id} is not a consumer group."
+            )));
+        }
+        g.kind = GroupKind::Consumer(ConsumerGroup::new(0, &cfg.consumer_assignors[0], now));
+    }
+    Ok(g)
 }
 
 #[cfg(test)]

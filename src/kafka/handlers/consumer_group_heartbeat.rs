@@ -3,7 +3,7 @@
 //! for a static member); the coordinator answers with its epoch and, when it changed, its
 //! assignment (see `group::consumer`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::rc::Rc;
 
 use futures::FutureExt;
@@ -13,10 +13,8 @@ use kafka_protocol::protocol::StrBytes;
 
 use crate::config::GroupConfig;
 use crate::errors::BrokerError;
-use crate::group::consumer::{
-    self, ConsumerGroup, HeartbeatRequest, HeartbeatResult, LEAVE_STATIC_EPOCH,
-};
-use crate::group::{self, Group, GroupCoordinator, GroupKind};
+use crate::group::consumer::{self, HeartbeatRequest, HeartbeatResult, LEAVE_STATIC_EPOCH};
+use crate::group::{self, GroupKind};
 use crate::kafka::RequestContext;
 use crate::types::now_ms;
 
@@ -160,14 +158,14 @@ async fn heartbeat(
                 image
                     .topics
                     .keys()
-                    .filter(|t| *t != group::OFFSETS_TOPIC && re.is_match(t))
+                    .filter(|t| !group::is_internal_topic(t) && re.is_match(t))
                     .cloned()
                     .collect()
             };
             let (result, record) = {
                 let mut c = s.groups.borrow_mut();
                 let create = hb.member_epoch == 0;
-                let g = consumer_group(&mut c, &id, partition.index, create, &cfg, now)?;
+                let g = group::consumer_group(&mut c, &id, partition.index, create, &cfg, now)?;
                 let GroupKind::Consumer(cg) = &mut g.kind else {
                     unreachable!("consumer_group returns consumer groups")
                 };
@@ -210,46 +208,4 @@ fn compile(regex: &str) -> Result<regex::Regex, BrokerError> {
             "SubscribedTopicRegex `{regex}` is not a valid regular expression: {e}."
         ))
     })
-}
-
-/// Looks a KIP-848 group up, or creates it for a joining member. An empty classic group (one
-/// with only offsets) becomes a consumer group; one with members is not a consumer group.
-fn consumer_group<'a>(
-    c: &'a mut GroupCoordinator,
-    id: &str,
-    partition: i32,
-    create: bool,
-    cfg: &GroupConfig,
-    now: i64,
-) -> Result<&'a mut Group, BrokerError> {
-    let new_group = || GroupKind::Consumer(ConsumerGroup::new(0, &cfg.consumer_assignors[0], now));
-    match c.groups.get_mut(id) {
-        None if !create => {
-            return Err(BrokerError::GroupIdNotFound(format!(
-                "Group {id} not found."
-            )))
-        }
-        None => {
-            c.groups.insert(
-                id.to_string(),
-                Group {
-                    partition,
-                    kind: new_group(),
-                    offsets: BTreeMap::new(),
-                    persisted: None,
-                },
-            );
-        }
-        Some(g) => {
-            if let GroupKind::Classic(cg) = &g.kind {
-                if !cg.is_empty() || !create {
-                    return Err(BrokerError::GroupIdNotFound(format!(
-                        "Group {id} is not a consumer group."
-                    )));
-                }
-                g.kind = new_group();
-            }
-        }
-    }
-    Ok(c.groups.get_mut(id).expect("present"))
 }

@@ -9,7 +9,7 @@ use kafka_protocol::messages::delete_records_response::{
 use kafka_protocol::messages::{DeleteRecordsRequest, DeleteRecordsResponse};
 
 use crate::errors::BrokerError;
-use crate::group::OFFSETS_TOPIC;
+use crate::group::is_internal_topic;
 use crate::kafka::RequestContext;
 use crate::types::TopicPartition;
 
@@ -23,7 +23,7 @@ pub async fn handle(ctx: Rc<RequestContext>, req: DeleteRecordsRequest) -> Delet
                 partition: p.partition_index,
             };
             let offset = p.offset;
-            if tp.topic == OFFSETS_TOPIC {
+            if is_internal_topic(&tp.topic) {
                 // Kafka: records of an internal topic cannot be deleted.
                 partitions.push(
                     DeleteRecordsPartitionResult::default()

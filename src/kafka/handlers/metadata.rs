@@ -10,7 +10,7 @@ use kafka_protocol::messages::{BrokerId, MetadataRequest, MetadataResponse, Topi
 use kafka_protocol::protocol::StrBytes;
 
 use crate::errors::BrokerError;
-use crate::group::OFFSETS_TOPIC;
+use crate::group::is_internal_topic;
 use crate::kafka::handlers::admin::{self, TopicSpec};
 use crate::kafka::RequestContext;
 use crate::metadata::{validate_topic_name, TopicMeta};
@@ -68,7 +68,7 @@ pub async fn handle(ctx: Rc<RequestContext>, req: MetadataRequest) -> MetadataRe
         MetadataResponseTopic::default()
             .with_name(Some(TopicName(StrBytes::from_string(t.name.clone()))))
             .with_topic_id(t.id)
-            .with_is_internal(t.name == OFFSETS_TOPIC)
+            .with_is_internal(is_internal_topic(&t.name))
             .with_topic_authorized_operations(i32::MIN)
             .with_partitions(partitions)
     };

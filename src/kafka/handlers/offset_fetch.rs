@@ -21,92 +21,81 @@ type Wanted = Option<Vec<(String, Vec<i32>)>>;
 /// Per topic, per partition: the committed offset, if any.
 type Fetched = Vec<(String, Vec<(i32, Option<OffsetValue>)>)>;
 
-pub async fn handle(ctx: Rc<RequestContext>, req: OffsetFetchRequest) -> OffsetFetchResponse {
-    if ctx.version < 8 {
-        let wanted = req.topics.map(|ts| {
+/// v0-7 and v8+ use distinct, same-shaped structs for topics and partitions: these build
+/// either from the same values.
+macro_rules! wanted {
+    ($topics:expr) => {
+        $topics.map(|ts| {
             ts.into_iter()
                 .map(|t| (t.name.0.to_string(), t.partition_indexes))
                 .collect()
-        });
-        let r = fetch(&ctx, req.group_id.0.to_string(), None, -1, wanted).await;
-        let (topics, error) = match r {
-            Ok(t) => (t, 0),
-            Err(e) => (Vec::new(), e.code()),
-        };
+        })
+    };
+}
+
+macro_rules! response_topics {
+    ($topic:ident, $partition:ident, $fetched:expr) => {
+        $fetched
+            .into_iter()
+            .map(|(name, parts)| {
+                $topic::default()
+                    .with_name(TopicName(StrBytes::from_string(name)))
+                    .with_partitions(
+                        parts
+                            .into_iter()
+                            .map(|(p, v)| {
+                                let (offset, epoch, metadata) = fields(v);
+                                $partition::default()
+                                    .with_partition_index(p)
+                                    .with_committed_offset(offset)
+                                    .with_committed_leader_epoch(epoch)
+                                    .with_metadata(Some(metadata))
+                            })
+                            .collect(),
+                    )
+            })
+            .collect()
+    };
+}
+
+pub async fn handle(ctx: Rc<RequestContext>, req: OffsetFetchRequest) -> OffsetFetchResponse {
+    if ctx.version < 8 {
+        let group = req.group_id.0.to_string();
+        let (topics, error) = split(fetch(&ctx, group, None, -1, wanted!(req.topics)).await);
         return OffsetFetchResponse::default()
             .with_error_code(error)
-            .with_topics(
+            .with_topics(response_topics!(
+                OffsetFetchResponseTopic,
+                OffsetFetchResponsePartition,
                 topics
-                    .into_iter()
-                    .map(|(name, parts)| {
-                        OffsetFetchResponseTopic::default()
-                            .with_name(TopicName(StrBytes::from_string(name)))
-                            .with_partitions(
-                                parts
-                                    .into_iter()
-                                    .map(|(p, v)| {
-                                        let (offset, epoch, metadata) = fields(v);
-                                        OffsetFetchResponsePartition::default()
-                                            .with_partition_index(p)
-                                            .with_committed_offset(offset)
-                                            .with_committed_leader_epoch(epoch)
-                                            .with_metadata(Some(metadata))
-                                    })
-                                    .collect(),
-                            )
-                    })
-                    .collect(),
-            );
+            ));
     }
     let mut groups = Vec::with_capacity(req.groups.len());
     for g in req.groups {
-        let wanted = g.topics.map(|ts| {
-            ts.into_iter()
-                .map(|t| (t.name.0.to_string(), t.partition_indexes))
-                .collect()
-        });
         let member = g.member_id.map(|m| m.to_string());
-        let r = fetch(
-            &ctx,
-            g.group_id.0.to_string(),
-            member,
-            g.member_epoch,
-            wanted,
-        )
-        .await;
-        let (topics, error) = match r {
-            Ok(t) => (t, 0),
-            Err(e) => (Vec::new(), e.code()),
-        };
+        let group = g.group_id.0.to_string();
+        let fetched = fetch(&ctx, group, member, g.member_epoch, wanted!(g.topics)).await;
+        let (topics, error) = split(fetched);
         groups.push(
             OffsetFetchResponseGroup::default()
                 .with_group_id(g.group_id)
                 .with_error_code(error)
-                .with_topics(
+                .with_topics(response_topics!(
+                    OffsetFetchResponseTopics,
+                    OffsetFetchResponsePartitions,
                     topics
-                        .into_iter()
-                        .map(|(name, parts)| {
-                            OffsetFetchResponseTopics::default()
-                                .with_name(TopicName(StrBytes::from_string(name)))
-                                .with_partitions(
-                                    parts
-                                        .into_iter()
-                                        .map(|(p, v)| {
-                                            let (offset, epoch, metadata) = fields(v);
-                                            OffsetFetchResponsePartitions::default()
-                                                .with_partition_index(p)
-                                                .with_committed_offset(offset)
-                                                .with_committed_leader_epoch(epoch)
-                                                .with_metadata(Some(metadata))
-                                        })
-                                        .collect(),
-                                )
-                        })
-                        .collect(),
-                ),
+                )),
         );
     }
     OffsetFetchResponse::default().with_groups(groups)
+}
+
+/// A group's offsets and error code (no offsets when the whole group failed).
+fn split(r: Result<Fetched, BrokerError>) -> (Fetched, i16) {
+    match r {
+        Ok(t) => (t, 0),
+        Err(e) => (Vec::new(), e.code()),
+    }
 }
 
 fn fields(v: Option<OffsetValue>) -> (i64, i32, StrBytes) {

@@ -13,7 +13,7 @@ use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
 use kafka_protocol::protocol::StrBytes;
 
 use crate::errors::BrokerError;
-use crate::group::OFFSETS_TOPIC;
+use crate::group::is_internal_topic;
 use crate::kafka::dispatch::Reply;
 use crate::kafka::RequestContext;
 use crate::partition::Appended;
@@ -52,7 +52,7 @@ pub async fn start(
                 (None, _) if ctx.version >= 13 => Err(BrokerError::UnknownTopicId),
                 (None, _) => Err(BrokerError::UnknownTopicOrPartition),
                 // Only the group coordinator writes its internal topic.
-                (Some(name), _) if name == OFFSETS_TOPIC => Err(BrokerError::InvalidTopic(
+                (Some(name), _) if is_internal_topic(name) => Err(BrokerError::InvalidTopic(
                     format!("Cannot append to internal topic {name}"),
                 )),
                 (Some(name), _) => {

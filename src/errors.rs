@@ -109,6 +109,9 @@ impl BrokerError {
             LogError::Io(_)
             | LogError::Corrupt(_)
             | LogError::InvalidBatch(_)
+            // Nothing truncates a partition log until replication does; a truncated wait is
+            // then a lost leadership, which the partition layer answers before this is reached.
+            | LogError::Truncated
             | LogError::Closed => BrokerError::Storage(e.to_string()),
         }
     }

@@ -82,6 +82,9 @@ pub enum LogError {
         log_start: i64,
         log_end: i64,
     },
+    /// The offset waited on was removed by `Log::truncate` before it became durable.
+    #[error("log truncated below the offset waited on")]
+    Truncated,
     /// The log was dropped while a caller waited on it.
     #[error("log closed")]
     Closed,

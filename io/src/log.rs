@@ -777,6 +777,112 @@ impl Log {
         Ok(())
     }
 
+    /// Removes every batch at or after `offset`, which must be a batch boundary in
+    /// `[log start, log end]`. Raft uses it to drop a follower's uncommitted entries that
+    /// conflict with the leader's log. The caller must not append until it returns.
+    ///
+    /// Later segments are deleted newest first and the segment holding `offset` is cut and
+    /// fsynced, so a crash part-way leaves a prefix of the old log, never a hole. The cut
+    /// segment becomes the active one and is rescanned (with CRC checks) to rebuild its
+    /// indexes: a cost proportional to the segment, paid only on a conflict.
+    pub async fn truncate(&self, offset: i64, now_ms: i64) -> Result<(), LogError> {
+        {
+            let st = self.state.borrow();
+            if let Some(e) = &st.failed {
+                return Err(e.clone());
+            }
+            if offset < st.log_start || offset > st.end {
+                return Err(LogError::OffsetOutOfRange {
+                    requested: offset,
+                    log_start: st.log_start,
+                    log_end: st.end,
+                });
+            }
+            if offset == st.end {
+                return Ok(());
+            }
+        }
+        // Everything appended must be on disk (or failed) before files change under the flusher.
+        let end = self.end_offset();
+        self.wait_durable(end).await?;
+        let mut rounds = 0u32;
+        while self.flushing.get() {
+            assert!(rounds < 60_000, "flusher did not stop within a minute");
+            glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
+            rounds += 1;
+        }
+        assert_eq!(self.end_offset(), end, "append during truncate");
+        let (doomed, keep, config) = {
+            let mut st = self.state.borrow_mut();
+            let keep = st
+                .segments
+                .iter()
+                .rposition(|s| s.base_offset <= offset)
+                .expect("a segment at or below an offset >= log start");
+            let doomed: Vec<Segment> = st.segments.drain(keep + 1..).collect();
+            let seg = &st.segments[keep];
+            (
+                doomed,
+                (seg.base_offset, seg.position_for(offset)),
+                st.config.clone(),
+            )
+        };
+        for seg in doomed.iter().rev() {
+            for path in [seg.log_path(), seg.index_path(), seg.time_index_path()] {
+                match std::fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(io_error("deleting", &path, e)),
+                }
+            }
+        }
+        let (base, scan_from) = keep;
+        let mut seg = Segment::new(&self.dir, base, now_ms);
+        let path = seg.log_path();
+        let cut = if offset == base {
+            0
+        } else {
+            batch_position(&*open_reader(&path).await?, &path, scan_from, offset).await?
+        };
+        let file = glommio::io::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .dma_open(&path)
+            .await
+            .map_err(|e| io_error("opening", &path, e))?;
+        file.truncate(cut)
+            .await
+            .map_err(|e| io_error("truncating", &path, e))?;
+        file.fdatasync()
+            .await
+            .map_err(|e| io_error("syncing", &path, e))?;
+        let _ = file.close().await;
+        for path in [seg.index_path(), seg.time_index_path()] {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_error("deleting", &path, e)),
+            }
+        }
+        recover_segment(&mut seg, true, &config).await?;
+        assert_eq!(seg.next_offset, offset, "truncated segment ends elsewhere");
+        assert_eq!(seg.size, cut, "truncated segment has another size");
+        let mut st = self.state.borrow_mut();
+        *st.segments.last_mut().expect("kept segment") = seg;
+        st.end = offset;
+        st.durable = offset;
+        st.cache.retain(|(b, _, _)| *b < offset);
+        st.cache_bytes = st.cache.iter().map(|(_, _, b)| b.len()).sum();
+        for (_, tx) in st.durable_waiters.drain(..) {
+            let _ = tx.send(Err(LogError::Truncated));
+        }
+        for w in st.change_waiters.drain(..) {
+            let _ = w.send(());
+        }
+        tracing::info!(dir = %self.dir.display(), offset, "truncated the log");
+        Ok(())
+    }
+
     /// Stops taking appends, waits until everything appended is on disk and the flusher is
     /// idle, and finishes rolled segments. The active segment keeps its zero padding:
     /// recovery strips it, and truncating under a running flush could cut acknowledged data.
@@ -970,6 +1076,33 @@ impl<'a> ChunkCursor<'a> {
 /// Reads go through the page cache: glommio 0.9's Direct I/O read path fails with EOPNOTSUPP
 /// on current kernels (6.x), and the page cache is what `sendfile` will serve cold reads from.
 /// Direct writes invalidate the cached pages they cover, so readers never see stale bytes.
+/// Byte position of the batch starting at `offset`, walking headers from `from`. The offset
+/// must be a batch boundary: anything else is a caller bug.
+async fn batch_position(
+    reader: &BufferedFile,
+    path: &Path,
+    from: u64,
+    offset: i64,
+) -> Result<u64, LogError> {
+    let mut pos = from;
+    loop {
+        let bytes = reader
+            .read_at(pos, HEADER_BYTES)
+            .await
+            .map_err(|e| io_error("reading", path, e))?;
+        let header = BatchHeader::parse(&bytes).map_err(LogError::InvalidBatch)?;
+        if header.base_offset == offset {
+            return Ok(pos);
+        }
+        assert!(
+            header.next_offset() <= offset,
+            "truncate offset {offset} is inside the batch at {}",
+            header.base_offset
+        );
+        pos += header.total_bytes() as u64;
+    }
+}
+
 async fn open_reader(path: &Path) -> Result<Rc<BufferedFile>, LogError> {
     let f = glommio::io::OpenOptions::new()
         .read(true)
@@ -1248,6 +1381,48 @@ mod tests {
             assert_eq!(BatchHeader::parse(&ts).unwrap().base_offset, 80);
             append_n(&log, 1, 5000).await;
             assert_eq!(read_all(&log, 190).await.len(), 6);
+        });
+    }
+
+    #[test]
+    fn truncate_within_and_across_segments() {
+        let dir = tmpdir("truncate");
+        run(move || async move {
+            let log = Log::open(&dir, small(), 0).await.unwrap();
+            append_n(&log, 100, 1000).await;
+            let segments = log.state.borrow().segments.len();
+            assert!(segments >= 3, "rolled");
+            // Inside the active segment: only its tail goes.
+            log.truncate(196, 0).await.unwrap();
+            assert_eq!(log.end_offset(), 196);
+            assert_eq!(read_all(&log, 0).await.len(), 98);
+            // Across segments: later segment files go, the earlier one is cut and reopened.
+            log.truncate(40, 0).await.unwrap();
+            assert_eq!(log.end_offset(), 40);
+            assert_eq!(log.state.borrow().segments.len(), 1);
+            assert_eq!(read_all(&log, 0).await.len(), 20);
+            assert!(matches!(
+                log.truncate(41, 0).await,
+                Err(LogError::OffsetOutOfRange { .. })
+            ));
+            // Appends continue at the cut, and the result survives a reopen.
+            append_n(&log, 5, 9000).await;
+            assert_eq!(log.end_offset(), 50);
+            let tail = read_all(&log, 40).await;
+            assert!(
+                tail.iter().all(|h| h.base_timestamp >= 9000),
+                "old batches gone"
+            );
+            log.close().await.unwrap();
+            drop(log);
+            let log = Log::open(&dir, small(), 0).await.unwrap();
+            assert_eq!(log.end_offset(), 50);
+            assert_eq!(read_all(&log, 0).await.len(), 25);
+            // Down to the start: an empty log that keeps its offsets.
+            log.truncate(0, 0).await.unwrap();
+            assert_eq!(log.end_offset(), 0);
+            append_n(&log, 1, 0).await;
+            assert_eq!(read_all(&log, 0).await.len(), 1);
         });
     }
 

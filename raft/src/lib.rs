@@ -1,8 +1,45 @@
 //! ferrolog-raft: replication for ferrolog. One Raft group per partition, driven by openraft
 //! (pinned to one exact 0.10 alpha, `single-threaded`) on the glommio executor of the shard
-//! that owns the partition.
+//! that owns the partition; nothing here crosses threads.
 //!
-//! - [`runtime`]: `GlommioRuntime`, openraft's `AsyncRuntime` on glommio.
+//! - [`runtime`]: `GlommioRuntime`, openraft's `AsyncRuntime` on glommio; passes openraft's
+//!   runtime suite.
+//! - [`entry`]: Raft entries as Kafka record batches (producer batches as they are, Raft's own
+//!   entries as control batches), so the partition log is the Raft log with no second copy.
+//! - [`store`]: `LogStore`, openraft's log storage over io/'s `Log`; passes openraft's
+//!   log-store suite (`openraft::testing::log::Suite`).
+//! - [`state_machine`]: the commit point of a partition, which becomes its high watermark.
+//!
+//! Choices forced by openraft, and what they mean for Kafka semantics:
+//! - Leader ids are openraft's "standard" ones (one leader per term), so an entry's id is
+//!   (term, index) and the term alone fits in Kafka's `partitionLeaderEpoch`.
+//! - Raft indexes are dense (one per entry) while Kafka offsets advance by the records in a
+//!   batch, so the store keeps an index -> offset list in memory (16 bytes per batch), rebuilt
+//!   on open by walking batch headers. A per-segment sidecar would make opening O(1).
+//! - openraft requires appended entries to be readable before they are fsynced; io/ reads
+//!   stop at the durable offset, so the store keeps not-yet-durable entries in memory.
+//!
+//! Not built yet (issue 4): the transport between nodes, wiring the partitions and the
+//! controller onto these groups, and a snapshot that tells a lagging follower which Kafka
+//! offset to resume at (snapshots carry no data today).
+pub mod entry;
 pub mod runtime;
+pub mod state_machine;
+pub mod store;
 
 pub use runtime::GlommioRuntime;
+
+/// The id of a leader once its entries are committed: the term alone (one leader per term).
+pub type CommittedLeaderId = openraft::vote::leader_id_std::CommittedLeaderId<u64>;
+
+openraft::declare_raft_types!(
+    /// The types of a partition's Raft group.
+    pub PartitionRaft:
+        D = entry::Batch,
+        R = (),
+        NodeId = u64,
+        Node = openraft::BasicNode,
+        Term = u64,
+        LeaderId = openraft::impls::leader_id_std::LeaderId<u64, u64>,
+        AsyncRuntime = GlommioRuntime,
+);

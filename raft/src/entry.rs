@@ -1,0 +1,362 @@
+//! Raft entries as Kafka record batches: the only form in which entries exist on disk.
+//!
+//! - A normal entry is one producer batch, stored byte for byte; its `partitionLeaderEpoch`
+//!   is the Raft term of the entry and its `baseOffset` the Kafka offset the leader gave it.
+//! - Raft's own entries (blank, membership) are control batches (attribute bit 5) holding one
+//!   control record whose key is `(version 0, type)` with ferrolog's types
+//!   [`CONTROL_TYPE_BLANK`] and [`CONTROL_TYPE_MEMBERSHIP`]. Kafka consumers skip control
+//!   batches, as they skip transaction markers, so replicas' logs stay readable by clients.
+//!   The types are outside Kafka's range (0-6) so no Kafka tool mistakes them for its own.
+//!
+//! Decoding reads bytes from disk and must never trust a length: every length is checked
+//! against the bytes at hand.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use crate::CommittedLeaderId;
+use bytes::{BufMut, Bytes, BytesMut};
+use ferrolog_io::batch::{self, BatchHeader, ATTR_CONTROL, HEADER_BYTES};
+use openraft::{BasicNode, EntryPayload, LogId, Membership, RaftTypeConfig};
+
+use crate::PartitionRaft;
+
+/// Control record type of a Raft blank entry (a new leader's first entry).
+pub const CONTROL_TYPE_BLANK: i16 = 100;
+/// Control record type of a Raft membership entry.
+pub const CONTROL_TYPE_MEMBERSHIP: i16 = 101;
+/// Membership encoding version written in the control record's value.
+const MEMBERSHIP_VERSION: u8 = 0;
+
+/// One Kafka record batch as Raft application data: the bytes the producer sent.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Batch(pub Bytes);
+
+impl fmt::Debug for Batch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Batch({} bytes)", self.0.len())
+    }
+}
+
+impl fmt::Display for Batch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// A Raft log entry of a partition group.
+pub type Entry = <PartitionRaft as RaftTypeConfig>::Entry;
+/// Raft's id of an entry: (term, index).
+pub type EntryLogId = LogId<CommittedLeaderId>;
+
+/// Why stored bytes are not an entry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// The batch header does not parse.
+    #[error("bad batch: {0}")]
+    Batch(#[from] batch::BatchError),
+    /// The batch's leader epoch is negative, so it was never written by Raft.
+    #[error("batch at offset {0} has no leader epoch")]
+    NoEpoch(i64),
+    /// A ferrolog control record is cut short or malformed.
+    #[error("bad Raft control record: {0}")]
+    Control(&'static str),
+}
+
+/// The Raft term stored in a batch's `partitionLeaderEpoch`.
+pub fn term_of(header: &BatchHeader) -> Result<u64, DecodeError> {
+    u64::try_from(header.partition_leader_epoch)
+        .map_err(|_| DecodeError::NoEpoch(header.base_offset))
+}
+
+/// The Kafka leader epoch for a Raft term. Terms beyond `i32::MAX` would take ~68 years of one
+/// election per second; reaching one is a bug.
+pub fn epoch_of(term: u64) -> i32 {
+    i32::try_from(term).expect("Raft term fits Kafka's leader epoch")
+}
+
+/// The bytes to store for `entry`; `timestamp_ms` stamps control batches.
+pub fn encode(entry: &Entry, timestamp_ms: i64) -> BytesMut {
+    match &entry.payload {
+        EntryPayload::Normal(batch) => BytesMut::from(&batch.0[..]),
+        EntryPayload::Blank => control_batch(CONTROL_TYPE_BLANK, &[], timestamp_ms),
+        EntryPayload::Membership(m) => {
+            control_batch(CONTROL_TYPE_MEMBERSHIP, &encode_membership(m), timestamp_ms)
+        }
+    }
+}
+
+/// The entry at `index` stored as `bytes`, which hold exactly one batch.
+pub fn decode(index: u64, bytes: Bytes) -> Result<Entry, DecodeError> {
+    let header = BatchHeader::parse(&bytes)?;
+    let log_id = LogId::new(CommittedLeaderId::new(term_of(&header)?), index);
+    let payload = match control_record(&header, &bytes)? {
+        Some((CONTROL_TYPE_BLANK, _)) => EntryPayload::Blank,
+        Some((CONTROL_TYPE_MEMBERSHIP, value)) => {
+            EntryPayload::Membership(decode_membership(value)?)
+        }
+        _ => EntryPayload::Normal(Batch(bytes)),
+    };
+    Ok(Entry { log_id, payload })
+}
+
+/// A v2 control batch with one control record; offset and epoch are set by the log on append.
+fn control_batch(control_type: i16, value: &[u8], timestamp_ms: i64) -> BytesMut {
+    let mut record = BytesMut::new();
+    record.put_i8(0); // attributes
+    put_varint(&mut record, 0); // timestamp delta
+    put_varint(&mut record, 0); // offset delta
+    put_varint(&mut record, 4);
+    record.put_i16(0); // control key version
+    record.put_i16(control_type);
+    put_varint(&mut record, value.len() as i64);
+    record.put_slice(value);
+    put_varint(&mut record, 0); // headers
+    let mut b = BytesMut::with_capacity(HEADER_BYTES + record.len() + 5);
+    b.put_i64(0); // base offset
+    b.put_i32(0); // batch length, set below
+    b.put_i32(-1); // partition leader epoch
+    b.put_i8(2); // magic
+    b.put_u32(0); // crc, set below
+    b.put_i16(ATTR_CONTROL);
+    b.put_i32(0); // last offset delta
+    b.put_i64(timestamp_ms);
+    b.put_i64(timestamp_ms);
+    b.put_i64(-1); // producer id
+    b.put_i16(-1); // producer epoch
+    b.put_i32(-1); // base sequence
+    b.put_i32(1); // record count
+    put_varint(&mut b, record.len() as i64);
+    b.put_slice(&record);
+    let length = i32::try_from(b.len() - batch::LOG_OVERHEAD).expect("small control batch");
+    b[8..12].copy_from_slice(&length.to_be_bytes());
+    let crc = batch::compute_crc(&b);
+    b[17..21].copy_from_slice(&crc.to_be_bytes());
+    b
+}
+
+/// `(type, value)` of a ferrolog Raft control record, or `None` for any other batch.
+fn control_record<'a>(
+    header: &BatchHeader,
+    bytes: &'a [u8],
+) -> Result<Option<(i16, &'a [u8])>, DecodeError> {
+    if !header.is_control() || header.record_count != 1 || header.compression() != 0 {
+        return Ok(None);
+    }
+    let mut r = Reader(
+        bytes
+            .get(HEADER_BYTES..header.total_bytes())
+            .ok_or(DecodeError::Control("short batch"))?,
+    );
+    let _length = r.varint()?;
+    let _attributes = r.take(1)?;
+    let _timestamp_delta = r.varint()?;
+    let _offset_delta = r.varint()?;
+    if r.varint()? != 4 {
+        return Ok(None);
+    }
+    let key = r.take(4)?;
+    let control_type = i16::from_be_bytes([key[2], key[3]]);
+    if !matches!(control_type, CONTROL_TYPE_BLANK | CONTROL_TYPE_MEMBERSHIP) {
+        return Ok(None);
+    }
+    let value_len =
+        usize::try_from(r.varint()?).map_err(|_| DecodeError::Control("negative value length"))?;
+    Ok(Some((control_type, r.take(value_len)?)))
+}
+
+fn encode_membership(m: &Membership<u64, BasicNode>) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.put_u8(MEMBERSHIP_VERSION);
+    let configs = m.get_joint_config();
+    out.put_u16(u16::try_from(configs.len()).expect("few joint configs"));
+    for config in configs {
+        out.put_u16(u16::try_from(config.len()).expect("voters fit u16"));
+        for id in config {
+            out.put_u64(*id);
+        }
+    }
+    let nodes: Vec<_> = m.nodes().collect();
+    out.put_u16(u16::try_from(nodes.len()).expect("nodes fit u16"));
+    for (id, node) in nodes {
+        out.put_u64(*id);
+        out.put_u16(u16::try_from(node.addr.len()).expect("short node address"));
+        out.put_slice(node.addr.as_bytes());
+    }
+    out
+}
+
+fn decode_membership(value: &[u8]) -> Result<Membership<u64, BasicNode>, DecodeError> {
+    let mut r = Reader(value);
+    if r.take(1)?[0] != MEMBERSHIP_VERSION {
+        return Err(DecodeError::Control("unknown membership version"));
+    }
+    let config_count = r.u16()?;
+    let mut configs = Vec::new();
+    for _ in 0..config_count {
+        let n = r.u16()?;
+        let mut voters = BTreeSet::new();
+        for _ in 0..n {
+            voters.insert(r.u64()?);
+        }
+        configs.push(voters);
+    }
+    let node_count = r.u16()?;
+    let mut nodes = BTreeMap::new();
+    for _ in 0..node_count {
+        let id = r.u64()?;
+        let len = usize::from(r.u16()?);
+        let addr = std::str::from_utf8(r.take(len)?)
+            .map_err(|_| DecodeError::Control("node address is not UTF-8"))?;
+        nodes.insert(id, BasicNode::new(addr));
+    }
+    if !r.0.is_empty() {
+        return Err(DecodeError::Control("trailing bytes after membership"));
+    }
+    Membership::new(configs, nodes)
+        .map_err(|_| DecodeError::Control("membership names voters without nodes"))
+}
+
+/// Zig-zag varint, as Kafka's record fields use.
+pub(crate) fn put_varint(out: &mut BytesMut, v: i64) {
+    let mut z = ((v << 1) ^ (v >> 63)) as u64;
+    while z >= 0x80 {
+        out.put_u8((z as u8) | 0x80);
+        z >>= 7;
+    }
+    out.put_u8(z as u8);
+}
+
+/// A bounds-checked cursor over untrusted bytes.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.0.len() < n {
+            return Err(DecodeError::Control("record cut short"));
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn u16(&mut self) -> Result<u16, DecodeError> {
+        let b = self.take(2)?;
+        Ok(u16::from_be_bytes([b[0], b[1]]))
+    }
+
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        let b = self.take(8)?;
+        Ok(u64::from_be_bytes(b.try_into().expect("8 bytes")))
+    }
+
+    fn varint(&mut self) -> Result<i64, DecodeError> {
+        let mut z: u64 = 0;
+        for shift in (0..70).step_by(7) {
+            let byte = self.take(1)?[0];
+            z |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Ok(((z >> 1) as i64) ^ -((z & 1) as i64));
+            }
+        }
+        Err(DecodeError::Control("varint longer than 10 bytes"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(entry: &Entry, offset: i64) -> Bytes {
+        let mut b = encode(entry, 1_700_000_000_000);
+        batch::set_offset_and_epoch(&mut b, offset, epoch_of(entry.log_id.leader_id.term));
+        b.freeze()
+    }
+
+    #[test]
+    fn raft_entries_round_trip_as_valid_control_batches() {
+        let members = Membership::new(
+            vec![BTreeSet::from([1, 2, 3])],
+            BTreeMap::from([
+                (1, BasicNode::new("127.0.0.1:9093")),
+                (2, BasicNode::new("127.0.0.1:9193")),
+                (3, BasicNode::new("127.0.0.1:9293")),
+                (4, BasicNode::new("127.0.0.1:9393")),
+            ]),
+        )
+        .unwrap();
+        for payload in [EntryPayload::Blank, EntryPayload::Membership(members)] {
+            let entry = Entry {
+                log_id: LogId::new(CommittedLeaderId::new(7), 42),
+                payload,
+            };
+            let bytes = stored(&entry, 1000);
+            let header = batch::verify(&bytes).expect("a valid Kafka batch");
+            assert!(header.is_control());
+            assert_eq!(header.partition_leader_epoch, 7);
+            assert_eq!((header.base_offset, header.next_offset()), (1000, 1001));
+            assert_eq!(decode(42, bytes).unwrap(), entry);
+        }
+    }
+
+    #[test]
+    fn producer_batches_and_foreign_control_batches_are_normal_entries() {
+        let mut marker = control_batch(1, &[0, 0, 0, 0, 0, 0], 5); // a COMMIT marker's shape
+        batch::set_offset_and_epoch(&mut marker, 9, 2);
+        let marker = marker.freeze();
+        let entry = decode(3, marker.clone()).unwrap();
+        assert_eq!(entry.payload, EntryPayload::Normal(Batch(marker)));
+        assert_eq!(entry.log_id, LogId::new(CommittedLeaderId::new(2), 3));
+    }
+
+    #[test]
+    fn damaged_control_records_are_errors_not_panics() {
+        let entry = Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1), 1),
+            payload: EntryPayload::Membership(Membership::new_with_defaults(
+                vec![BTreeSet::from([1])],
+                [],
+            )),
+        };
+        let bytes = stored(&entry, 0);
+        for cut in HEADER_BYTES..bytes.len() {
+            let mut b = BytesMut::from(&bytes[..]);
+            b.truncate(cut);
+            let len = i32::try_from(cut - batch::LOG_OVERHEAD).unwrap();
+            b[8..12].copy_from_slice(&len.to_be_bytes());
+            // Either an error or (if the cut keeps a shorter valid prefix) some entry: never a panic.
+            let _ = decode(1, b.freeze());
+        }
+        let EntryPayload::Membership(m) = &entry.payload else {
+            unreachable!()
+        };
+        let value = encode_membership(m);
+        for cut in 0..value.len() {
+            assert!(decode_membership(&value[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut long = value.clone();
+        long.push(0);
+        assert!(decode_membership(&long).is_err());
+    }
+
+    #[test]
+    fn varints_round_trip() {
+        for v in [
+            0i64,
+            1,
+            -1,
+            63,
+            -64,
+            64,
+            300,
+            -300,
+            i64::from(i32::MAX),
+            i64::MIN,
+            i64::MAX,
+        ] {
+            let mut b = BytesMut::new();
+            put_varint(&mut b, v);
+            assert_eq!(Reader(&b).varint().unwrap(), v);
+        }
+    }
+}

@@ -1,0 +1,692 @@
+//! The Raft log store of one partition: openraft's `RaftLogStorage` over io/'s `Log`.
+//!
+//! The partition log is the Raft log. Entry `i` is the `i - first_index`-th batch from the
+//! log start; an in-memory list maps each entry to its batch's Kafka base offset and term.
+//! It is rebuilt on open by walking the batch headers, and costs 16 bytes per batch kept.
+//! `raft-meta` in the partition directory holds what the log cannot: the vote, the last
+//! purged log id and the index of the first entry (written atomically, fsynced).
+//!
+//! openraft's contract says an appended entry is readable at once, before it is fsynced,
+//! while io/ serves reads only up to the durable offset: entries not yet durable are kept in
+//! `unflushed` (sharing the batch bytes) until the flusher passes them.
+//!
+//! Everything runs on the shard that owns the partition; the store and its readers share one
+//! `Rc<RefCell<..>>` and no borrow is held across an await.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::fmt::Debug;
+use std::io;
+use std::ops::{Bound, RangeBounds};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use bytes::{Buf, BufMut};
+use ferrolog_io::batch::BatchHeader;
+use ferrolog_io::{Log, LogConfig, LogError};
+use openraft::impls::leader_id_std::LeaderId;
+
+use crate::CommittedLeaderId;
+use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
+use openraft::{AsyncRuntime, RaftTypeConfig};
+
+use crate::entry::{self, Entry, EntryLogId};
+use crate::{GlommioRuntime, PartitionRaft};
+
+/// The vote type of a partition group.
+pub type Vote = <PartitionRaft as RaftTypeConfig>::Vote;
+
+/// File holding the vote, the last purged log id and the first entry's index.
+const META_FILE: &str = "raft-meta";
+const META_VERSION: u8 = 0;
+/// Bytes read from the log per step when walking or reading entries.
+const READ_CHUNK_BYTES: usize = 256 * 1024;
+
+/// A clock in milliseconds since the epoch, passed in so a simulation can drive it.
+pub type Clock = Rc<dyn Fn() -> i64>;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Meta {
+    vote: Option<Vote>,
+    purged: Option<EntryLogId>,
+    /// Raft index of the first entry in the log (or of the next one, when there is none).
+    first_index: u64,
+    /// Kafka offset of that entry: batches below it are not entries (a purge that crashed
+    /// before moving the log start left them).
+    first_offset: i64,
+}
+
+struct Inner {
+    dir: PathBuf,
+    meta: Meta,
+    /// Kafka base offset and term of every entry from `meta.first_index`, in index order.
+    positions: VecDeque<(i64, u64)>,
+    /// Entries appended but perhaps not yet durable: (index, offset after the batch, entry).
+    unflushed: VecDeque<(u64, i64, Entry)>,
+}
+
+impl Inner {
+    fn next_index(&self) -> u64 {
+        self.meta.first_index + self.positions.len() as u64
+    }
+
+    fn log_id(&self, index: u64) -> EntryLogId {
+        let (_, term) = self.positions[(index - self.meta.first_index) as usize];
+        EntryLogId::new(CommittedLeaderId::new(term), index)
+    }
+
+    fn last_log_id(&self) -> Option<EntryLogId> {
+        match self.next_index().checked_sub(1) {
+            Some(last) if !self.positions.is_empty() => Some(self.log_id(last)),
+            _ => self.meta.purged,
+        }
+    }
+
+    fn forget_durable(&mut self, durable: i64) {
+        while self
+            .unflushed
+            .front()
+            .is_some_and(|(_, end, _)| *end <= durable)
+        {
+            self.unflushed.pop_front();
+        }
+    }
+}
+
+/// One partition's Raft log, stored in its Kafka log.
+pub struct LogStore {
+    log: Rc<Log>,
+    inner: Rc<RefCell<Inner>>,
+    clock: Clock,
+}
+
+/// A reader of the same log, for openraft's replication tasks.
+pub struct LogStoreReader {
+    log: Rc<Log>,
+    inner: Rc<RefCell<Inner>>,
+}
+
+fn io_err(e: LogError) -> io::Error {
+    io::Error::other(e)
+}
+
+fn corrupt(what: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what)
+}
+
+impl LogStore {
+    /// Opens the partition log in `dir` and the Raft state beside it.
+    pub async fn open(dir: &Path, config: LogConfig, clock: Clock) -> io::Result<LogStore> {
+        let log = Log::open(dir, config, clock()).await.map_err(io_err)?;
+        let meta = match std::fs::read(dir.join(META_FILE)) {
+            Ok(bytes) => decode_meta(&bytes)?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Meta::default(),
+            Err(e) => return Err(e),
+        };
+        let positions = walk_headers(&log, meta.first_offset).await?;
+        let inner = Inner {
+            dir: dir.to_path_buf(),
+            meta,
+            positions,
+            unflushed: VecDeque::new(),
+        };
+        Ok(LogStore {
+            log,
+            inner: Rc::new(RefCell::new(inner)),
+            clock,
+        })
+    }
+
+    /// The partition's Kafka log, for the fetch path.
+    pub fn log(&self) -> &Rc<Log> {
+        &self.log
+    }
+
+    async fn write_meta(&self) -> io::Result<()> {
+        let (path, bytes) = {
+            let inner = self.inner.borrow();
+            (inner.dir.join(META_FILE), encode_meta(&inner.meta))
+        };
+        ferrolog_io::write_file(&path, bytes).await.map_err(io_err)
+    }
+}
+
+/// Base offset and term of every batch from the log start to the log end.
+async fn walk_headers(log: &Log, from: i64) -> io::Result<VecDeque<(i64, u64)>> {
+    let mut positions = VecDeque::new();
+    let mut offset = log.start_offset().max(from);
+    while offset < log.end_offset() {
+        let bytes = log
+            .read(offset, READ_CHUNK_BYTES, i64::MAX, true)
+            .await
+            .map_err(io_err)?;
+        if bytes.is_empty() {
+            return Err(corrupt(format!("log has no batch at offset {offset}")));
+        }
+        let mut rest = &bytes[..];
+        while !rest.is_empty() {
+            let header = BatchHeader::parse(rest).map_err(|e| corrupt(e.to_string()))?;
+            if header.base_offset < offset {
+                // The read started inside an earlier batch.
+                rest = &rest[header.total_bytes()..];
+                continue;
+            }
+            let term = entry::term_of(&header).map_err(|e| corrupt(e.to_string()))?;
+            positions.push_back((header.base_offset, term));
+            offset = header.next_offset();
+            rest = &rest[header.total_bytes()..];
+        }
+    }
+    Ok(positions)
+}
+
+impl RaftLogReader<PartitionRaft> for LogStoreReader {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug>(
+        &mut self,
+        range: RB,
+    ) -> io::Result<Vec<Entry>> {
+        read_entries(&self.log, &self.inner, range).await
+    }
+
+    async fn read_vote(&mut self) -> io::Result<Option<Vote>> {
+        Ok(self.inner.borrow().meta.vote)
+    }
+}
+
+/// The entries of `range` that the log holds, from io/ up to the durable offset and from
+/// `unflushed` after it.
+async fn read_entries<RB: RangeBounds<u64>>(
+    log: &Log,
+    inner: &RefCell<Inner>,
+    range: RB,
+) -> io::Result<Vec<Entry>> {
+    let (mut next, end) = {
+        let mut st = inner.borrow_mut();
+        st.forget_durable(log.durable_offset());
+        let start = match range.start_bound() {
+            Bound::Included(&i) => i,
+            Bound::Excluded(&i) => i.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&i) => i.saturating_add(1),
+            Bound::Excluded(&i) => i,
+            Bound::Unbounded => u64::MAX,
+        };
+        (start.max(st.meta.first_index), end.min(st.next_index()))
+    };
+    let mut out = Vec::new();
+    while next < end {
+        let (offset, memory) = {
+            let st = inner.borrow();
+            if next >= st.next_index() {
+                break; // truncated meanwhile
+            }
+            let first_unflushed = st.unflushed.front().map_or(u64::MAX, |(i, _, _)| *i);
+            if next >= first_unflushed {
+                let (_, _, e) = &st.unflushed[(next - first_unflushed) as usize];
+                (0, Some(e.clone()))
+            } else {
+                (st.positions[(next - st.meta.first_index) as usize].0, None)
+            }
+        };
+        if let Some(e) = memory {
+            out.push(e);
+            next += 1;
+            continue;
+        }
+        let bytes = log
+            .read(offset, READ_CHUNK_BYTES, i64::MAX, true)
+            .await
+            .map_err(io_err)?;
+        if bytes.is_empty() {
+            return Err(corrupt(format!(
+                "entry {next} at offset {offset} is not in the log"
+            )));
+        }
+        let mut rest = bytes;
+        while !rest.is_empty() && next < end {
+            let header = BatchHeader::parse(&rest).map_err(|e| corrupt(e.to_string()))?;
+            let total = header.total_bytes();
+            let expected = inner
+                .borrow()
+                .positions
+                .get((next - inner.borrow().meta.first_index) as usize)
+                .map(|p| p.0);
+            if expected != Some(header.base_offset) {
+                break; // the log changed under the read; go round again
+            }
+            let e = entry::decode(next, rest.slice(..total)).map_err(|e| corrupt(e.to_string()))?;
+            out.push(e);
+            rest.advance(total);
+            next += 1;
+        }
+    }
+    Ok(out)
+}
+
+impl RaftLogStorage<PartitionRaft> for LogStore {
+    type LogReader = LogStoreReader;
+
+    async fn get_log_state(&mut self) -> io::Result<LogState<PartitionRaft>> {
+        let inner = self.inner.borrow();
+        Ok(LogState {
+            last_purged_log_id: inner.meta.purged,
+            last_log_id: inner.last_log_id(),
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> LogStoreReader {
+        LogStoreReader {
+            log: self.log.clone(),
+            inner: self.inner.clone(),
+        }
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> io::Result<()> {
+        self.inner.borrow_mut().meta.vote = Some(*vote);
+        self.write_meta().await
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<PartitionRaft>) -> io::Result<()>
+    where
+        I: IntoIterator<Item = Entry>,
+    {
+        for e in entries {
+            let index = e.log_id.index;
+            let fresh_start = {
+                let mut inner = self.inner.borrow_mut();
+                if inner.positions.is_empty() && index != inner.meta.first_index {
+                    // The first entry after a purge past the log end (or into an empty log)
+                    // fixes where the index count starts.
+                    inner.meta.first_index = index;
+                    inner.meta.first_offset = self.log.end_offset();
+                    true
+                } else {
+                    assert_eq!(index, inner.next_index(), "Raft appends leave no holes");
+                    false
+                }
+            };
+            if fresh_start {
+                self.write_meta().await?;
+            }
+            let term = e.log_id.leader_id.term;
+            let bytes = entry::encode(&e, (self.clock)());
+            let info = self
+                .log
+                .append(bytes, entry::epoch_of(term), (self.clock)())
+                .map_err(io_err)?;
+            let mut inner = self.inner.borrow_mut();
+            inner.positions.push_back((info.base_offset, term));
+            inner.unflushed.push_back((index, info.last_offset + 1, e));
+        }
+        let durable = self.log.wait_durable(self.log.end_offset());
+        GlommioRuntime::spawn(async move {
+            callback.io_completed(durable.await.map_err(io_err));
+        });
+        Ok(())
+    }
+
+    async fn truncate_after(&mut self, last_log_id: Option<EntryLogId>) -> io::Result<()> {
+        let (offset, keep) = {
+            let inner = self.inner.borrow();
+            let keep_until = last_log_id.map_or(0, |l| l.index + 1);
+            assert!(
+                keep_until >= inner.meta.first_index || inner.positions.is_empty(),
+                "truncating purged entries"
+            );
+            let keep = keep_until.saturating_sub(inner.meta.first_index) as usize;
+            match inner.positions.get(keep) {
+                Some(&(offset, _)) => (offset, keep),
+                None => return Ok(()),
+            }
+        };
+        self.log
+            .truncate(offset, (self.clock)())
+            .await
+            .map_err(io_err)?;
+        let mut inner = self.inner.borrow_mut();
+        inner.positions.truncate(keep);
+        let next = inner.next_index();
+        inner.unflushed.retain(|(i, _, _)| *i < next);
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: EntryLogId) -> io::Result<()> {
+        let new_start = {
+            let mut inner = self.inner.borrow_mut();
+            assert!(
+                inner.meta.purged.is_none_or(|p| p.index <= log_id.index),
+                "purge goes backwards"
+            );
+            let gone = (log_id.index + 1).saturating_sub(inner.meta.first_index) as usize;
+            let gone = gone.min(inner.positions.len());
+            let new_start = inner.positions.get(gone).map(|p| p.0);
+            inner.positions.drain(..gone);
+            inner.meta.purged = Some(log_id);
+            inner.meta.first_index = inner.meta.first_index.max(log_id.index + 1);
+            while inner
+                .unflushed
+                .front()
+                .is_some_and(|(i, _, _)| *i <= log_id.index)
+            {
+                inner.unflushed.pop_front();
+            }
+            let new_start = new_start.unwrap_or_else(|| self.log.end_offset());
+            inner.meta.first_offset = new_start;
+            new_start
+        };
+        // The purge point is recorded before the log start moves: a crash in between leaves
+        // batches below the recorded start, which the next open skips.
+        self.write_meta().await?;
+        self.log.wait_durable(new_start).await.map_err(io_err)?;
+        self.log.advance_start(new_start).await.map_err(io_err)?;
+        Ok(())
+    }
+}
+
+fn encode_meta(meta: &Meta) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    out.put_u8(META_VERSION);
+    match &meta.vote {
+        Some(v) => {
+            out.put_u8(1);
+            out.put_u64(v.leader_id.term);
+            out.put_u64(v.leader_id.voted_for);
+            out.put_u8(u8::from(v.committed));
+        }
+        None => out.put_u8(0),
+    }
+    match &meta.purged {
+        Some(p) => {
+            out.put_u8(1);
+            out.put_u64(p.leader_id.term);
+            out.put_u64(p.index);
+        }
+        None => out.put_u8(0),
+    }
+    out.put_u64(meta.first_index);
+    out.put_i64(meta.first_offset);
+    let crc = crc32c::crc32c(&out);
+    out.put_u32(crc);
+    out
+}
+
+fn decode_meta(bytes: &[u8]) -> io::Result<Meta> {
+    let bad = |what: &str| corrupt(format!("{META_FILE}: {what}"));
+    let (body, crc) = bytes
+        .split_at_checked(bytes.len().saturating_sub(4))
+        .ok_or_else(|| bad("too short"))?;
+    if crc.len() != 4
+        || crc32c::crc32c(body) != u32::from_be_bytes(crc.try_into().expect("4 bytes"))
+    {
+        return Err(bad("checksum mismatch"));
+    }
+    let mut r = body;
+    let need = |r: &[u8], n: usize| {
+        if r.len() < n {
+            Err(bad("cut short"))
+        } else {
+            Ok(())
+        }
+    };
+    need(r, 2)?;
+    if r.get_u8() != META_VERSION {
+        return Err(bad("unknown version"));
+    }
+    let vote = match r.get_u8() {
+        0 => None,
+        _ => {
+            need(r, 17)?;
+            let term = r.get_u64();
+            let voted_for = r.get_u64();
+            let committed = r.get_u8() != 0;
+            Some(Vote {
+                leader_id: LeaderId { term, voted_for },
+                committed,
+            })
+        }
+    };
+    need(r, 1)?;
+    let purged = match r.get_u8() {
+        0 => None,
+        _ => {
+            need(r, 16)?;
+            let term = r.get_u64();
+            Some(EntryLogId::new(CommittedLeaderId::new(term), r.get_u64()))
+        }
+    };
+    need(r, 16)?;
+    let first_index = r.get_u64();
+    let first_offset = r.get_i64();
+    if !r.is_empty() {
+        return Err(bad("trailing bytes"));
+    }
+    Ok(Meta {
+        vote,
+        purged,
+        first_index,
+        first_offset,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state_machine::PartitionStateMachine;
+    use openraft::testing::log::{StoreBuilder, Suite};
+    use openraft::{ErrorSubject, ErrorVerb, StorageError};
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// Removes a test's partition directory when the suite drops it.
+    struct TempDir(PathBuf);
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    struct Builder;
+
+    impl StoreBuilder<PartitionRaft, LogStore, PartitionStateMachine, TempDir> for Builder {
+        async fn build(
+            &self,
+        ) -> Result<(TempDir, LogStore, PartitionStateMachine), StorageError<PartitionRaft>>
+        {
+            static SEQ: AtomicU64 = AtomicU64::new(0);
+            let dir = std::env::temp_dir().join(format!(
+                "ferrolog-raft-suite-{}-{}",
+                std::process::id(),
+                SEQ.fetch_add(1, Ordering::Relaxed)
+            ));
+            let _ = std::fs::remove_dir_all(&dir);
+            // Small segments, so the suite's entries cross segment boundaries.
+            let config = LogConfig {
+                segment_bytes: 400,
+                index_interval_bytes: 100,
+                preallocate_bytes: 4096,
+                cache_bytes_max: 300,
+                ..LogConfig::default()
+            };
+            let store = LogStore::open(&dir, config, Rc::new(|| 1_700_000_000_000))
+                .await
+                .map_err(|e| StorageError::from_io_error(ErrorSubject::Logs, ErrorVerb::Read, e))?;
+            Ok((TempDir(dir), store, PartitionStateMachine::default()))
+        }
+    }
+
+    /// A producer batch of `records` empty records, as a client would send it.
+    fn data_batch(records: i32) -> entry::Batch {
+        use bytes::BytesMut;
+        let mut body = BytesMut::new();
+        for i in 0..records {
+            let mut r = BytesMut::new();
+            r.put_i8(0);
+            entry::put_varint(&mut r, 0); // timestamp delta
+            entry::put_varint(&mut r, i64::from(i)); // offset delta
+            entry::put_varint(&mut r, -1); // no key
+            entry::put_varint(&mut r, -1); // no value
+            entry::put_varint(&mut r, 0); // no headers
+            entry::put_varint(&mut body, r.len() as i64);
+            body.put_slice(&r);
+        }
+        let mut b = BytesMut::new();
+        b.put_i64(0);
+        b.put_i32(0);
+        b.put_i32(-1);
+        b.put_i8(2);
+        b.put_u32(0);
+        b.put_i16(0);
+        b.put_i32(records - 1);
+        b.put_i64(1_700_000_000_000);
+        b.put_i64(1_700_000_000_000);
+        b.put_i64(-1);
+        b.put_i16(-1);
+        b.put_i32(-1);
+        b.put_i32(records);
+        b.put_slice(&body);
+        let len = (b.len() - 12) as i32;
+        b[8..12].copy_from_slice(&len.to_be_bytes());
+        let crc = ferrolog_io::batch::compute_crc(&b);
+        b[17..21].copy_from_slice(&crc.to_be_bytes());
+        entry::Batch(b.freeze())
+    }
+
+    fn id(term: u64, index: u64) -> EntryLogId {
+        EntryLogId::new(CommittedLeaderId::new(term), index)
+    }
+
+    /// Offsets are assigned per batch as Kafka does, terms become leader epochs, and the
+    /// log, the vote and the purge point come back after a reopen.
+    #[test]
+    fn entries_keep_offsets_terms_and_state_across_reopen() {
+        use openraft::{EntryPayload, Membership};
+        let dir = std::env::temp_dir().join(format!("ferrolog-raft-reopen-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let _guard = TempDir(dir.clone());
+        let mut rt = <GlommioRuntime as AsyncRuntime>::new(1);
+        rt.block_on(async move {
+            let clock: Clock = Rc::new(|| 1_700_000_000_000);
+            let config = LogConfig {
+                segment_bytes: 300,
+                ..LogConfig::default()
+            };
+            let mut store = LogStore::open(&dir, config.clone(), clock.clone())
+                .await
+                .unwrap();
+            let members = Membership::new_with_defaults(vec![[1u64, 2, 3].into()], []);
+            let entries = vec![
+                Entry {
+                    log_id: id(1, 1),
+                    payload: EntryPayload::Blank,
+                },
+                Entry {
+                    log_id: id(1, 2),
+                    payload: EntryPayload::Membership(members.clone()),
+                },
+                Entry {
+                    log_id: id(2, 3),
+                    payload: EntryPayload::Normal(data_batch(5)),
+                },
+                Entry {
+                    log_id: id(2, 4),
+                    payload: EntryPayload::Normal(data_batch(1)),
+                },
+                Entry {
+                    log_id: id(3, 5),
+                    payload: EntryPayload::Normal(data_batch(3)),
+                },
+                Entry {
+                    log_id: id(3, 6),
+                    payload: EntryPayload::Blank,
+                },
+            ];
+            store.append(entries, IOFlushed::noop()).await.unwrap();
+            // Readable at once, before the flusher has run.
+            let mut reader = store.get_log_reader().await;
+            assert_eq!(reader.try_get_log_entries(1..7).await.unwrap().len(), 6);
+            store
+                .log()
+                .wait_durable(store.log().end_offset())
+                .await
+                .unwrap();
+            assert_eq!(store.log().end_offset(), 12);
+            let vote = Vote {
+                leader_id: LeaderId {
+                    term: 3,
+                    voted_for: 1,
+                },
+                committed: true,
+            };
+            store.save_vote(&vote).await.unwrap();
+            store.purge(id(1, 1)).await.unwrap();
+            store.truncate_after(Some(id(3, 5))).await.unwrap();
+            assert_eq!(store.log().start_offset(), 1);
+            assert_eq!(store.log().end_offset(), 11);
+            drop((store, reader));
+
+            let mut store = LogStore::open(&dir, config, clock).await.unwrap();
+            let state = store.get_log_state().await.unwrap();
+            assert_eq!(state.last_purged_log_id, Some(id(1, 1)));
+            assert_eq!(state.last_log_id, Some(id(3, 5)));
+            let mut reader = store.get_log_reader().await;
+            assert_eq!(reader.read_vote().await.unwrap(), Some(vote));
+            let got = reader.try_get_log_entries(0..100).await.unwrap();
+            let ids: Vec<_> = got.iter().map(|e| e.log_id).collect();
+            assert_eq!(ids, vec![id(1, 2), id(2, 3), id(2, 4), id(3, 5)]);
+            assert_eq!(got[0].payload, EntryPayload::Membership(members));
+            // Kafka offsets and leader epochs of the data batches, as consumers see them.
+            let offsets: Vec<_> = got[1..]
+                .iter()
+                .map(|e| match &e.payload {
+                    EntryPayload::Normal(b) => {
+                        let h = ferrolog_io::batch::verify(&b.0).expect("valid batch");
+                        (h.base_offset, h.last_offset(), h.partition_leader_epoch)
+                    }
+                    other => panic!("expected a data batch, got {other:?}"),
+                })
+                .collect();
+            assert_eq!(offsets, vec![(2, 6, 2), (7, 7, 2), (8, 10, 3)]);
+        });
+    }
+
+    /// openraft's conformance suite for log stores, on real segment files.
+    #[test]
+    fn openraft_log_store_suite() {
+        let mut rt = <GlommioRuntime as AsyncRuntime>::new(1);
+        rt.block_on(async {
+            Suite::test_all(Builder)
+                .await
+                .expect("log store conformance");
+        });
+    }
+
+    #[test]
+    fn meta_round_trips_and_rejects_damage() {
+        let meta = Meta {
+            vote: Some(Vote {
+                leader_id: LeaderId {
+                    term: 9,
+                    voted_for: 2,
+                },
+                committed: true,
+            }),
+            purged: Some(EntryLogId::new(CommittedLeaderId::new(4), 77)),
+            first_index: 78,
+            first_offset: 1234,
+        };
+        let bytes = encode_meta(&meta);
+        assert_eq!(decode_meta(&bytes).unwrap(), meta);
+        assert_eq!(
+            decode_meta(&encode_meta(&Meta::default())).unwrap(),
+            Meta::default()
+        );
+        for cut in 0..bytes.len() {
+            assert!(decode_meta(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut flipped = bytes.clone();
+        flipped[3] ^= 1;
+        assert!(decode_meta(&flipped).is_err());
+    }
+}

@@ -165,7 +165,7 @@ fn control_record<'a>(
     Ok(Some((control_type, r.take(value_len)?)))
 }
 
-fn encode_membership(m: &Membership<u64, BasicNode>) -> Vec<u8> {
+pub(crate) fn encode_membership(m: &Membership<u64, BasicNode>) -> Vec<u8> {
     let mut out = Vec::new();
     out.put_u8(MEMBERSHIP_VERSION);
     let configs = m.get_joint_config();
@@ -186,7 +186,7 @@ fn encode_membership(m: &Membership<u64, BasicNode>) -> Vec<u8> {
     out
 }
 
-fn decode_membership(value: &[u8]) -> Result<Membership<u64, BasicNode>, DecodeError> {
+pub(crate) fn decode_membership(value: &[u8]) -> Result<Membership<u64, BasicNode>, DecodeError> {
     let mut r = Reader(value);
     if r.take(1)?[0] != MEMBERSHIP_VERSION {
         return Err(DecodeError::Control("unknown membership version"));
@@ -261,6 +261,44 @@ impl<'a> Reader<'a> {
         }
         Err(DecodeError::Control("varint longer than 10 bytes"))
     }
+}
+
+#[cfg(test)]
+/// A producer batch of `records` empty records, as a client would send it.
+pub(crate) fn test_batch(records: i32) -> Batch {
+    use bytes::BytesMut;
+    let mut body = BytesMut::new();
+    for i in 0..records {
+        let mut r = BytesMut::new();
+        r.put_i8(0);
+        put_varint(&mut r, 0); // timestamp delta
+        put_varint(&mut r, i64::from(i)); // offset delta
+        put_varint(&mut r, -1); // no key
+        put_varint(&mut r, -1); // no value
+        put_varint(&mut r, 0); // no headers
+        put_varint(&mut body, r.len() as i64);
+        body.put_slice(&r);
+    }
+    let mut b = BytesMut::new();
+    b.put_i64(0);
+    b.put_i32(0);
+    b.put_i32(-1);
+    b.put_i8(2);
+    b.put_u32(0);
+    b.put_i16(0);
+    b.put_i32(records - 1);
+    b.put_i64(1_700_000_000_000);
+    b.put_i64(1_700_000_000_000);
+    b.put_i64(-1);
+    b.put_i16(-1);
+    b.put_i32(-1);
+    b.put_i32(records);
+    b.put_slice(&body);
+    let len = (b.len() - 12) as i32;
+    b[8..12].copy_from_slice(&len.to_be_bytes());
+    let crc = batch::compute_crc(&b);
+    b[17..21].copy_from_slice(&crc.to_be_bytes());
+    Batch(b.freeze())
 }
 
 #[cfg(test)]

@@ -23,9 +23,14 @@
 //! controller onto these groups, and a snapshot that tells a lagging follower which Kafka
 //! offset to resume at (snapshots carry no data today).
 pub mod entry;
+pub mod network;
 pub mod runtime;
 pub mod state_machine;
 pub mod store;
+pub mod wire;
+
+#[cfg(test)]
+mod cluster_tests;
 
 pub use runtime::GlommioRuntime;
 

@@ -516,43 +516,6 @@ mod tests {
         }
     }
 
-    /// A producer batch of `records` empty records, as a client would send it.
-    fn data_batch(records: i32) -> entry::Batch {
-        use bytes::BytesMut;
-        let mut body = BytesMut::new();
-        for i in 0..records {
-            let mut r = BytesMut::new();
-            r.put_i8(0);
-            entry::put_varint(&mut r, 0); // timestamp delta
-            entry::put_varint(&mut r, i64::from(i)); // offset delta
-            entry::put_varint(&mut r, -1); // no key
-            entry::put_varint(&mut r, -1); // no value
-            entry::put_varint(&mut r, 0); // no headers
-            entry::put_varint(&mut body, r.len() as i64);
-            body.put_slice(&r);
-        }
-        let mut b = BytesMut::new();
-        b.put_i64(0);
-        b.put_i32(0);
-        b.put_i32(-1);
-        b.put_i8(2);
-        b.put_u32(0);
-        b.put_i16(0);
-        b.put_i32(records - 1);
-        b.put_i64(1_700_000_000_000);
-        b.put_i64(1_700_000_000_000);
-        b.put_i64(-1);
-        b.put_i16(-1);
-        b.put_i32(-1);
-        b.put_i32(records);
-        b.put_slice(&body);
-        let len = (b.len() - 12) as i32;
-        b[8..12].copy_from_slice(&len.to_be_bytes());
-        let crc = ferrolog_io::batch::compute_crc(&b);
-        b[17..21].copy_from_slice(&crc.to_be_bytes());
-        entry::Batch(b.freeze())
-    }
-
     fn id(term: u64, index: u64) -> EntryLogId {
         EntryLogId::new(CommittedLeaderId::new(term), index)
     }
@@ -587,15 +550,15 @@ mod tests {
                 },
                 Entry {
                     log_id: id(2, 3),
-                    payload: EntryPayload::Normal(data_batch(5)),
+                    payload: EntryPayload::Normal(entry::test_batch(5)),
                 },
                 Entry {
                     log_id: id(2, 4),
-                    payload: EntryPayload::Normal(data_batch(1)),
+                    payload: EntryPayload::Normal(entry::test_batch(1)),
                 },
                 Entry {
                     log_id: id(3, 5),
-                    payload: EntryPayload::Normal(data_batch(3)),
+                    payload: EntryPayload::Normal(entry::test_batch(3)),
                 },
                 Entry {
                     log_id: id(3, 6),

@@ -1,0 +1,301 @@
+//! Three nodes in one process, each on its own thread and glommio executor, with real
+//! segment files and real TCP on 127.0.0.1: partition groups elect leaders, replicate
+//! batches to identical logs (same offsets, epochs and bytes on every node), fail over when
+//! a leader's node dies, and bring the node back in step when it returns.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferrolog_io::batch::{self, BatchHeader};
+use ferrolog_io::LogConfig;
+use futures::channel::{mpsc, oneshot};
+use futures::{SinkExt, StreamExt};
+use openraft::async_runtime::watch::WatchReceiver;
+use openraft::{AsyncRuntime, BasicNode, Config, Raft};
+
+use crate::entry::test_batch;
+use crate::network::{GroupRaft, Transport};
+use crate::state_machine::PartitionStateMachine;
+use crate::store::LogStore;
+use crate::wire::GroupId;
+use crate::GlommioRuntime;
+
+const GROUPS: u64 = 4;
+
+/// What the test asks of a node's executor.
+enum Command {
+    Initialize(BTreeMap<u64, BasicNode>),
+    Leader(GroupId, oneshot::Sender<Option<u64>>),
+    Write(GroupId, i32, oneshot::Sender<Result<u64, String>>),
+    /// Last applied index and every stored batch.
+    Dump(GroupId, oneshot::Sender<(Option<u64>, Vec<Stored>)>),
+    Stop,
+}
+
+/// A stored batch as a replica holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stored {
+    base_offset: i64,
+    last_offset: i64,
+    epoch: i32,
+    crc: u32,
+    control: bool,
+}
+
+struct Node {
+    commands: mpsc::Sender<Command>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Node {
+    fn start(id: u64, port: u16, dir: PathBuf) -> Node {
+        let (tx, rx) = mpsc::channel(16);
+        let thread = std::thread::spawn(move || {
+            let mut rt = <GlommioRuntime as AsyncRuntime>::new(1);
+            rt.block_on(run_node(id, port, dir, rx));
+        });
+        Node {
+            commands: tx,
+            thread: Some(thread),
+        }
+    }
+
+    fn ask<T>(&mut self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> T {
+        let (tx, rx) = oneshot::channel();
+        futures::executor::block_on(async {
+            self.commands.send(make(tx)).await.expect("node running");
+            rx.await.expect("node answered")
+        })
+    }
+
+    fn stop(&mut self) {
+        let _ = futures::executor::block_on(self.commands.send(Command::Stop));
+        if let Some(t) = self.thread.take() {
+            t.join().expect("node thread");
+        }
+    }
+}
+
+fn config() -> Arc<Config> {
+    let config = Config {
+        cluster_name: "ferrolog-test".into(),
+        heartbeat_interval: 100,
+        election_timeout_min: 400,
+        election_timeout_max: 800,
+        ..Config::default()
+    };
+    Arc::new(config.validate().expect("valid raft config"))
+}
+
+async fn run_node(id: u64, port: u16, dir: PathBuf, mut commands: mpsc::Receiver<Command>) {
+    let transport = Transport::new();
+    let listener =
+        glommio::net::TcpListener::bind(("127.0.0.1", port)).expect("bind the raft port");
+    transport.serve(listener);
+    let mut groups: BTreeMap<GroupId, (GroupRaft, Rc<ferrolog_io::Log>)> = BTreeMap::new();
+    for g in 0..GROUPS {
+        let group = GroupId(g);
+        let log_config = LogConfig {
+            segment_bytes: 2048,
+            preallocate_bytes: 4096,
+            ..LogConfig::default()
+        };
+        let store = LogStore::open(
+            &dir.join(format!("group-{g}")),
+            log_config,
+            Rc::new(|| 1_700_000_000_000),
+        )
+        .await
+        .expect("open store");
+        let log = store.log().clone();
+        let raft = Raft::new(
+            id,
+            config(),
+            transport.factory(group),
+            store,
+            PartitionStateMachine::default(),
+        )
+        .await
+        .expect("start raft");
+        transport.register(group, raft.clone());
+        groups.insert(group, (raft, log));
+    }
+    while let Some(command) = commands.next().await {
+        match command {
+            Command::Initialize(members) => {
+                for (raft, _) in groups.values() {
+                    raft.initialize(members.clone()).await.expect("initialize");
+                }
+            }
+            Command::Leader(g, reply) => {
+                let _ = reply.send(groups[&g].0.metrics().borrow_watched().current_leader);
+            }
+            Command::Write(g, records, reply) => {
+                let raft = groups[&g].0.clone();
+                glommio::spawn_local(async move {
+                    let result = raft.client_write(test_batch(records)).await;
+                    let _ = reply.send(result.map(|r| r.log_id.index).map_err(|e| e.to_string()));
+                })
+                .detach();
+            }
+            Command::Dump(g, reply) => {
+                let (raft, log) = &groups[&g];
+                let applied = raft
+                    .metrics()
+                    .borrow_watched()
+                    .last_applied
+                    .map(|l| l.index);
+                let mut batches = Vec::new();
+                let mut offset = log.start_offset();
+                while offset < log.durable_offset() {
+                    let bytes = log
+                        .read(offset, 1 << 20, i64::MAX, true)
+                        .await
+                        .expect("read");
+                    let mut rest = &bytes[..];
+                    while !rest.is_empty() {
+                        let h: BatchHeader = batch::verify(rest).expect("valid batch");
+                        batches.push(Stored {
+                            base_offset: h.base_offset,
+                            last_offset: h.last_offset(),
+                            epoch: h.partition_leader_epoch,
+                            crc: h.crc,
+                            control: h.is_control(),
+                        });
+                        offset = h.next_offset();
+                        rest = &rest[h.total_bytes()..];
+                    }
+                }
+                let _ = reply.send((applied, batches));
+            }
+            Command::Stop => break,
+        }
+    }
+    // The test's "kill": sockets close as at a process exit, with no Raft shutdown handshake.
+    transport.shutdown();
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_for<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Node id -> the leader it sees for `g`, when all running nodes agree on one.
+fn agreed_leader(nodes: &mut BTreeMap<u64, Node>, g: GroupId) -> Option<u64> {
+    let seen: Vec<Option<u64>> = nodes
+        .values_mut()
+        .map(|n| n.ask(|r| Command::Leader(g, r)))
+        .collect();
+    let first = seen[0]?;
+    (seen.iter().all(|s| *s == Some(first)) && nodes.contains_key(&first)).then_some(first)
+}
+
+/// Writes `n` batches of 1..=4 records to every group through its leader.
+fn write_batches(nodes: &mut BTreeMap<u64, Node>, n: i32) {
+    for g in (0..GROUPS).map(GroupId) {
+        let leader = wait_for("a leader", || agreed_leader(nodes, g));
+        for i in 0..n {
+            let result = nodes
+                .get_mut(&leader)
+                .unwrap()
+                .ask(|r| Command::Write(g, 1 + i % 4, r));
+            result.unwrap_or_else(|e| panic!("write to group {} via node {leader}: {e}", g.0));
+        }
+    }
+}
+
+/// Waits until every running node has applied the same entries, then checks their logs hold
+/// the same batches at the same offsets; returns the number of data batches per group.
+fn assert_logs_identical(nodes: &mut BTreeMap<u64, Node>) -> Vec<usize> {
+    let mut data_batches = Vec::new();
+    for g in (0..GROUPS).map(GroupId) {
+        let dumps = wait_for("replicas in step", || {
+            let dumps: Vec<_> = nodes
+                .values_mut()
+                .map(|n| n.ask(|r| Command::Dump(g, r)))
+                .collect();
+            let same = dumps.windows(2).all(|w| w[0] == w[1]);
+            (same && dumps[0].0.is_some()).then_some(dumps)
+        });
+        let batches = &dumps[0].1;
+        // Offsets are contiguous: each batch starts where the previous one ended.
+        for w in batches.windows(2) {
+            assert_eq!(
+                w[0].last_offset + 1,
+                w[1].base_offset,
+                "offset gap in group {}",
+                g.0
+            );
+            assert!(
+                w[0].epoch <= w[1].epoch,
+                "leader epochs go backwards in group {}",
+                g.0
+            );
+        }
+        data_batches.push(batches.iter().filter(|b| !b.control).count());
+    }
+    data_batches
+}
+
+#[test]
+fn three_nodes_replicate_fail_over_and_catch_up() {
+    let root = std::env::temp_dir().join(format!("ferrolog-raft-cluster-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let ports: BTreeMap<u64, u16> = (1..=3).map(|id| (id, free_port())).collect();
+    let mut nodes: BTreeMap<u64, Node> = ports
+        .iter()
+        .map(|(&id, &port)| (id, Node::start(id, port, root.join(format!("node-{id}")))))
+        .collect();
+    let members: BTreeMap<u64, BasicNode> = ports
+        .iter()
+        .map(|(&id, &port)| (id, BasicNode::new(format!("127.0.0.1:{port}"))))
+        .collect();
+    nodes
+        .get_mut(&1)
+        .unwrap()
+        .commands
+        .try_send(Command::Initialize(members))
+        .unwrap();
+
+    write_batches(&mut nodes, 20);
+    let _ = assert_logs_identical(&mut nodes);
+
+    // Kill the node leading group 0; another node takes over and writes go on.
+    let victim = wait_for("a leader", || agreed_leader(&mut nodes, GroupId(0)));
+    let mut dead = nodes.remove(&victim).unwrap();
+    dead.stop();
+    write_batches(&mut nodes, 10);
+    let new_leader = wait_for("a new leader", || agreed_leader(&mut nodes, GroupId(0)));
+    assert_ne!(new_leader, victim);
+
+    // The node comes back on its old disk and port and catches up to identical logs.
+    nodes.insert(
+        victim,
+        Node::start(victim, ports[&victim], root.join(format!("node-{victim}"))),
+    );
+    write_batches(&mut nodes, 5);
+    let data = assert_logs_identical(&mut nodes);
+    // Every acknowledged write is in every log exactly once (client_write does not retry).
+    assert_eq!(data, vec![35; GROUPS as usize], "data batches per group");
+    for (_, mut n) in nodes {
+        n.stop();
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}

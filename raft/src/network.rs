@@ -1,0 +1,520 @@
+//! Raft traffic between nodes: one TCP connection per peer carries the RPCs of every group
+//! this shard hosts, as [`wire`] frames.
+//!
+//! Outgoing: each peer has one write buffer. An RPC is encoded into it and the connection's
+//! writer sends everything buffered in one write, so the heartbeats and appends that many
+//! groups queue while a write is in flight leave together (coalesced per write, not yet per
+//! heartbeat interval: openraft still sends one heartbeat RPC per group). Replies are matched
+//! to callers by correlation id. The buffer is bounded ([`PEER_BUFFER_BYTES_MAX`]); past it,
+//! RPCs fail as `Unreachable` and openraft backs off.
+//!
+//! Incoming: the listener hands each frame to the group it names, through the shard's group
+//! registry, in its own task (at most [`SERVER_IN_FLIGHT_MAX`] per connection), and writes
+//! replies back through a buffer of the same kind.
+//!
+//! A connection that fails fails every RPC waiting on it; the next RPC reconnects.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures::{AsyncReadExt, AsyncWriteExt};
+use glommio::net::{TcpListener, TcpStream};
+use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
+use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
+};
+use openraft::{AsyncRuntime, BasicNode, Raft, Snapshot};
+use tokio::sync::{oneshot, Notify, Semaphore};
+
+use crate::state_machine::PartitionStateMachine;
+use crate::store::Vote;
+use crate::wire::{self, Frame, GroupId, Message, Meta};
+use crate::{GlommioRuntime, PartitionRaft};
+
+/// A partition group's Raft handle.
+pub type GroupRaft = Raft<PartitionRaft, PartitionStateMachine>;
+
+/// Most bytes of RPCs buffered for one peer before new RPCs fail.
+pub const PEER_BUFFER_BYTES_MAX: usize = 64 << 20;
+/// Most requests from one connection served at once.
+pub const SERVER_IN_FLIGHT_MAX: usize = 1024;
+/// How long a connect may take before the peer counts as unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A message the wire does not carry in that direction, or a reply of the wrong kind.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Protocol(String);
+
+/// The connection tasks of a transport, so `shutdown` can close every socket at once.
+#[derive(Default)]
+struct TaskSet {
+    tasks: RefCell<HashMap<u64, glommio::task::JoinHandle<()>>>,
+    next: Cell<u64>,
+    closed: Cell<bool>,
+}
+
+impl TaskSet {
+    fn spawn(self: &Rc<Self>, future: impl std::future::Future<Output = ()> + 'static) {
+        if self.closed.get() {
+            return;
+        }
+        let id = self.next.get();
+        self.next.set(id + 1);
+        let me = self.clone();
+        let handle = glommio::spawn_local(async move {
+            future.await;
+            me.tasks.borrow_mut().remove(&id);
+        })
+        .detach();
+        self.tasks.borrow_mut().insert(id, handle);
+    }
+
+    fn cancel_all(&self) {
+        self.closed.set(true);
+        for (_, task) in self.tasks.borrow_mut().drain() {
+            task.cancel();
+        }
+    }
+}
+
+/// This shard's Raft transport: its peers (client side) and its groups (server side).
+pub struct Transport {
+    peers: RefCell<HashMap<u64, Rc<Peer>>>,
+    groups: RefCell<HashMap<GroupId, GroupRaft>>,
+    tasks: Rc<TaskSet>,
+}
+
+impl Transport {
+    pub fn new() -> Rc<Transport> {
+        Rc::new(Transport {
+            peers: RefCell::new(HashMap::new()),
+            groups: RefCell::new(HashMap::new()),
+            tasks: Rc::new(TaskSet::default()),
+        })
+    }
+
+    /// Closes the listener and every connection, as a process exit would; RPCs in flight
+    /// fail and later ones find no connection.
+    pub fn shutdown(&self) {
+        self.tasks.cancel_all();
+        self.peers.borrow_mut().clear();
+    }
+
+    /// Serves incoming RPCs for the registered groups until the listener fails.
+    pub fn register(&self, group: GroupId, raft: GroupRaft) {
+        self.groups.borrow_mut().insert(group, raft);
+    }
+
+    /// Stops routing RPCs to `group` (it is being shut down or moved).
+    pub fn unregister(&self, group: GroupId) -> Option<GroupRaft> {
+        self.groups.borrow_mut().remove(&group)
+    }
+
+    /// The network factory openraft uses for `group`.
+    pub fn factory(self: &Rc<Self>, group: GroupId) -> NetworkFactory {
+        NetworkFactory {
+            transport: self.clone(),
+            group,
+        }
+    }
+
+    fn peer(&self, node_id: u64, addr: &str) -> Rc<Peer> {
+        let mut peers = self.peers.borrow_mut();
+        let tasks = &self.tasks;
+        let peer = peers
+            .entry(node_id)
+            .or_insert_with(|| Peer::new(addr, tasks.clone()));
+        if peer.addr != addr {
+            // The node moved: a new peer, the old connection dies with its last user.
+            *peer = Peer::new(addr, tasks.clone());
+        }
+        peer.clone()
+    }
+
+    /// Accepts peers' connections and serves them until the listener fails or `shutdown`.
+    pub fn serve(self: &Rc<Self>, listener: TcpListener) {
+        let me = self.clone();
+        self.tasks.spawn(async move {
+            loop {
+                match listener.accept().await {
+                    Ok(stream) => {
+                        let conn = me.clone();
+                        me.tasks.spawn(async move {
+                            if let Err(e) = conn.serve_connection(stream).await {
+                                tracing::debug!(error = %e, "raft connection closed");
+                            }
+                        });
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "raft listener failed");
+                        return;
+                    }
+                }
+            }
+        });
+    }
+
+    async fn serve_connection(self: Rc<Self>, stream: TcpStream) -> std::io::Result<()> {
+        stream.set_nodelay(true)?;
+        let (mut reader, writer) = stream.split();
+        let out = Rc::new(Outbox::default());
+        let writer_task = glommio::spawn_local(write_loop(writer, out.clone()));
+        let in_flight = std::sync::Arc::new(Semaphore::new(SERVER_IN_FLIGHT_MAX));
+        let result = async {
+            loop {
+                let Some(frame) = read_frame(&mut reader).await? else {
+                    return Ok(());
+                };
+                let permit = in_flight
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .expect("never closed");
+                let me = self.clone();
+                let out = out.clone();
+                glommio::spawn_local(async move {
+                    let reply = me.handle(frame.group, frame.message).await;
+                    out.push(&Frame {
+                        correlation: frame.correlation,
+                        group: frame.group,
+                        message: reply,
+                    });
+                    drop(permit);
+                })
+                .detach();
+            }
+        }
+        .await;
+        out.close();
+        let _ = writer_task.await;
+        result
+    }
+
+    async fn handle(&self, group: GroupId, message: Message) -> Message {
+        let raft = self.groups.borrow().get(&group).cloned();
+        let Some(raft) = raft else {
+            return Message::Failed(format!("no group {} on this node", group.0));
+        };
+        match message {
+            Message::Append(rpc) => match raft.append_entries(rpc).await {
+                Ok(reply) => Message::AppendReply(reply),
+                Err(e) => Message::Failed(e.to_string()),
+            },
+            Message::Vote(rpc) => match raft.vote(rpc).await {
+                Ok(reply) => Message::VoteReply(reply),
+                Err(e) => Message::Failed(e.to_string()),
+            },
+            Message::Snapshot { vote, meta } => {
+                let snapshot = Snapshot { meta, snapshot: () };
+                match raft.install_full_snapshot(vote, snapshot).await {
+                    Ok(reply) => Message::SnapshotReply(reply),
+                    Err(e) => Message::Failed(e.to_string()),
+                }
+            }
+            other => Message::Failed(format!("not a request: {other:?}")),
+        }
+    }
+}
+
+/// Frames waiting to be written to one connection.
+#[derive(Default)]
+struct Outbox {
+    buf: RefCell<BytesMut>,
+    ready: Notify,
+    closing: Notify,
+    closed: Cell<bool>,
+}
+
+impl Outbox {
+    /// Queues `frame`; false when the connection is closed or its buffer full.
+    fn push(&self, frame: &Frame) -> bool {
+        if self.closed.get() || self.buf.borrow().len() >= PEER_BUFFER_BYTES_MAX {
+            return false;
+        }
+        wire::encode(frame, &mut self.buf.borrow_mut());
+        self.ready.notify_one();
+        true
+    }
+
+    fn close(&self) {
+        self.closed.set(true);
+        self.ready.notify_one();
+        self.closing.notify_waiters();
+    }
+
+    /// Resolves once the outbox is closed.
+    async fn closed_signal(&self) {
+        while !self.closed.get() {
+            self.closing.notified().await;
+        }
+    }
+}
+
+/// Writes whatever the outbox holds, all of it in one write, until it is closed.
+async fn write_loop(
+    mut writer: futures::io::WriteHalf<TcpStream>,
+    out: Rc<Outbox>,
+) -> std::io::Result<()> {
+    loop {
+        let chunk = std::mem::take(&mut *out.buf.borrow_mut());
+        if chunk.is_empty() {
+            if out.closed.get() {
+                return Ok(());
+            }
+            out.ready.notified().await;
+            continue;
+        }
+        if let Err(e) = writer.write_all(&chunk).await {
+            out.close();
+            return Err(e);
+        }
+    }
+}
+
+/// The next frame, or `None` at a clean end of stream.
+async fn read_frame(
+    reader: &mut futures::io::ReadHalf<TcpStream>,
+) -> std::io::Result<Option<Frame>> {
+    let mut prefix = [0u8; 4];
+    match reader.read_exact(&mut prefix).await {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let invalid = |e: wire::WireError| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
+    let total = wire::frame_len(&prefix)
+        .map_err(invalid)?
+        .expect("4-byte prefix");
+    let mut body = vec![0u8; total - 4];
+    reader.read_exact(&mut body).await?;
+    wire::decode(Bytes::from(body)).map(Some).map_err(invalid)
+}
+
+/// One peer node: its address, the connection to it and the RPCs waiting for replies.
+struct Peer {
+    addr: String,
+    tasks: Rc<TaskSet>,
+    out: RefCell<Rc<Outbox>>,
+    /// When the current connection last delivered a reply.
+    last_reply: Cell<std::time::Instant>,
+    waiting: RefCell<HashMap<u64, oneshot::Sender<Message>>>,
+    next_correlation: Cell<u64>,
+    connecting: Cell<bool>,
+}
+
+impl Peer {
+    fn new(addr: &str, tasks: Rc<TaskSet>) -> Rc<Peer> {
+        let out = Outbox::default();
+        out.closed.set(true);
+        Rc::new(Peer {
+            addr: addr.to_string(),
+            tasks,
+            out: RefCell::new(Rc::new(out)),
+            last_reply: Cell::new(std::time::Instant::now()),
+            waiting: RefCell::new(HashMap::new()),
+            next_correlation: Cell::new(1),
+            connecting: Cell::new(false),
+        })
+    }
+
+    /// Sends `message` for `group` and waits up to `ttl` for the reply.
+    async fn call(
+        self: &Rc<Self>,
+        group: GroupId,
+        message: Message,
+        ttl: Duration,
+    ) -> Result<Message, Unreachable<PartitionRaft>> {
+        let unreachable = |why: String| Unreachable::new(&Protocol(why));
+        if self.out.borrow().closed.get() {
+            self.connect()
+                .await
+                .map_err(|e| unreachable(format!("connecting to {}: {e}", self.addr)))?;
+        }
+        let correlation = self.next_correlation.get();
+        self.next_correlation.set(correlation + 1);
+        let (tx, rx) = oneshot::channel();
+        self.waiting.borrow_mut().insert(correlation, tx);
+        let frame = Frame {
+            correlation,
+            group,
+            message,
+        };
+        let out = self.out.borrow().clone();
+        let sent_at = std::time::Instant::now();
+        if !out.push(&frame) {
+            self.waiting.borrow_mut().remove(&correlation);
+            return Err(unreachable(format!(
+                "connection to {} closed or backlogged",
+                self.addr
+            )));
+        }
+        match GlommioRuntime::timeout(ttl, rx).await {
+            Ok(Ok(message)) => Ok(message),
+            Ok(Err(_)) => Err(unreachable(format!("connection to {} failed", self.addr))),
+            Err(_) => {
+                self.waiting.borrow_mut().remove(&correlation);
+                if self.last_reply.get() < sent_at {
+                    // Nothing at all came back while this RPC waited: the peer may be gone
+                    // without a FIN (power loss, a cut network). Reconnect on the next RPC
+                    // rather than write into a connection nobody reads.
+                    out.close();
+                }
+                Err(unreachable(format!(
+                    "no reply from {} within {ttl:?}",
+                    self.addr
+                )))
+            }
+        }
+    }
+
+    /// Opens the connection (one at a time; concurrent callers wait for it).
+    async fn connect(self: &Rc<Self>) -> std::io::Result<()> {
+        let mut rounds = 0;
+        while self.connecting.get() {
+            assert!(rounds < 10_000, "a connect attempt never finished");
+            glommio::timer::sleep(Duration::from_millis(1)).await;
+            rounds += 1;
+        }
+        if !self.out.borrow().closed.get() {
+            return Ok(());
+        }
+        self.connecting.set(true);
+        let stream =
+            GlommioRuntime::timeout(CONNECT_TIMEOUT, TcpStream::connect(self.addr.as_str())).await;
+        self.connecting.set(false);
+        let stream = stream
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))?
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        stream.set_nodelay(true)?;
+        let (mut reader, writer) = stream.split();
+        let out = Rc::new(Outbox::default());
+        *self.out.borrow_mut() = out.clone();
+        self.last_reply.set(std::time::Instant::now());
+        let writer_out = out.clone();
+        self.tasks.spawn(async move {
+            let _ = write_loop(writer, writer_out).await;
+        });
+        let me = self.clone();
+        self.tasks.spawn(async move {
+            loop {
+                // A closed outbox (write failure, silent peer) ends the read side too.
+                let next =
+                    GlommioRuntime::select2(read_frame(&mut reader), out.closed_signal()).await;
+                let openraft::async_runtime::Select2::First(next) = next else {
+                    break;
+                };
+                match next {
+                    Ok(Some(frame)) => {
+                        me.last_reply.set(std::time::Instant::now());
+                        if let Some(tx) = me.waiting.borrow_mut().remove(&frame.correlation) {
+                            let _ = tx.send(frame.message);
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::debug!(peer = %me.addr, error = %e, "raft connection failed");
+                        break;
+                    }
+                }
+            }
+            out.close();
+            // Dropping the senders fails every RPC still waiting on this connection.
+            me.waiting.borrow_mut().clear();
+        });
+        Ok(())
+    }
+}
+
+/// openraft's network factory for one group: clients share the transport's peers.
+pub struct NetworkFactory {
+    transport: Rc<Transport>,
+    group: GroupId,
+}
+
+impl RaftNetworkFactory<PartitionRaft> for NetworkFactory {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: u64, node: &BasicNode) -> PeerClient {
+        PeerClient {
+            peer: self.transport.peer(target, &node.addr),
+            group: self.group,
+        }
+    }
+}
+
+/// One group's view of one peer.
+pub struct PeerClient {
+    peer: Rc<Peer>,
+    group: GroupId,
+}
+
+impl PeerClient {
+    async fn rpc(
+        &self,
+        message: Message,
+        ttl: Duration,
+    ) -> Result<Message, RPCError<PartitionRaft>> {
+        match self.peer.call(self.group, message, ttl).await? {
+            Message::Failed(why) => Err(RPCError::Unreachable(Unreachable::new(&Protocol(why)))),
+            reply => Ok(reply),
+        }
+    }
+}
+
+fn wrong_reply(reply: Message) -> NetworkError<PartitionRaft> {
+    NetworkError::new(&Protocol(format!("unexpected reply {reply:?}")))
+}
+
+impl RaftNetworkV2<PartitionRaft> for PeerClient {
+    type SnapshotData = ();
+
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<PartitionRaft>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<PartitionRaft>, RPCError<PartitionRaft>> {
+        match self.rpc(Message::Append(rpc), option.hard_ttl()).await? {
+            Message::AppendReply(reply) => Ok(reply),
+            other => Err(wrong_reply(other).into()),
+        }
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<PartitionRaft>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<PartitionRaft>, RPCError<PartitionRaft>> {
+        match self.rpc(Message::Vote(rpc), option.hard_ttl()).await? {
+            Message::VoteReply(reply) => Ok(reply),
+            other => Err(wrong_reply(other).into()),
+        }
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot<crate::CommittedLeaderId, u64, BasicNode, ()>,
+        _cancel: impl std::future::Future<Output = ReplicationClosed> + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<PartitionRaft>, StreamingError<PartitionRaft>> {
+        let meta: Meta = snapshot.meta;
+        let reply = self
+            .peer
+            .call(
+                self.group,
+                Message::Snapshot { vote, meta },
+                option.hard_ttl(),
+            )
+            .await?;
+        match reply {
+            Message::SnapshotReply(reply) => Ok(reply),
+            Message::Failed(why) => Err(Unreachable::new(&Protocol(why)).into()),
+            other => Err(wrong_reply(other).into()),
+        }
+    }
+}

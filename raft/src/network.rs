@@ -20,6 +20,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use futures::future::LocalBoxFuture;
 use futures::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::{TcpListener, TcpStream};
 use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
@@ -82,10 +83,14 @@ impl TaskSet {
     }
 }
 
+/// Serves `Forward` requests addressed to this node.
+pub type ForwardHandler = Rc<dyn Fn(Bytes) -> LocalBoxFuture<'static, Result<Bytes, String>>>;
+
 /// This shard's Raft transport: its peers (client side) and its groups (server side).
 pub struct Transport {
     peers: RefCell<HashMap<u64, Rc<Peer>>>,
     groups: RefCell<HashMap<GroupId, GroupRaft>>,
+    forward: RefCell<Option<ForwardHandler>>,
     tasks: Rc<TaskSet>,
 }
 
@@ -94,8 +99,31 @@ impl Transport {
         Rc::new(Transport {
             peers: RefCell::new(HashMap::new()),
             groups: RefCell::new(HashMap::new()),
+            forward: RefCell::new(None),
             tasks: Rc::new(TaskSet::default()),
         })
+    }
+
+    /// Installs what serves `Forward` requests from peers.
+    pub fn set_forward_handler(&self, handler: ForwardHandler) {
+        *self.forward.borrow_mut() = Some(handler);
+    }
+
+    /// Sends `payload` to node `node_id` at `addr` for its forward handler.
+    pub async fn forward(
+        &self,
+        node_id: u64,
+        addr: &str,
+        payload: Bytes,
+        ttl: Duration,
+    ) -> Result<Bytes, String> {
+        let peer = self.peer(node_id, addr);
+        match peer.call(GroupId(0), Message::Forward(payload), ttl).await {
+            Ok(Message::ForwardReply(reply)) => reply,
+            Ok(Message::Failed(why)) => Err(why),
+            Ok(other) => Err(format!("unexpected reply {other:?}")),
+            Err(e) => Err(e.to_string()),
+        }
     }
 
     /// Closes the listener and every connection, as a process exit would; RPCs in flight
@@ -196,6 +224,13 @@ impl Transport {
     }
 
     async fn handle(&self, group: GroupId, message: Message) -> Message {
+        if let Message::Forward(payload) = message {
+            let handler = self.forward.borrow().clone();
+            return match handler {
+                Some(h) => Message::ForwardReply(h(payload).await),
+                None => Message::Failed("this node takes no forwarded requests".into()),
+            };
+        }
         let raft = self.groups.borrow().get(&group).cloned();
         let Some(raft) = raft else {
             return Message::Failed(format!("no group {} on this node", group.0));

@@ -12,7 +12,7 @@ use futures::{Stream, StreamExt};
 use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine, Snapshot};
 use openraft::{RaftTypeConfig, SnapshotMeta, StoredMembership};
 
-use crate::entry::EntryLogId;
+use crate::entry::{Entry, EntryLogId};
 use crate::PartitionRaft;
 
 type Node = <PartitionRaft as RaftTypeConfig>::Node;
@@ -20,15 +20,28 @@ type Stored = StoredMembership<crate::CommittedLeaderId, u64, Node>;
 type Meta = SnapshotMeta<crate::CommittedLeaderId, u64, Node>;
 type PartitionSnapshot = Snapshot<crate::CommittedLeaderId, u64, Node, ()>;
 
+/// Called with each committed entry, in log order, on every replica.
+pub type ApplyHook = Box<dyn FnMut(&Entry)>;
+
 /// How far a partition's log is committed (applied) and its latest membership.
-#[derive(Debug, Clone, Default)]
+#[derive(Default)]
 pub struct PartitionStateMachine {
     last_applied: Option<EntryLogId>,
     membership: Stored,
     snapshot: Option<Meta>,
+    on_apply: Option<ApplyHook>,
 }
 
 impl PartitionStateMachine {
+    /// A state machine that also hands every committed entry to `hook` (the controller
+    /// applies its metadata records this way).
+    pub fn with_apply_hook(hook: ApplyHook) -> PartitionStateMachine {
+        PartitionStateMachine {
+            on_apply: Some(hook),
+            ..PartitionStateMachine::default()
+        }
+    }
+
     /// The last applied (committed) entry.
     pub fn last_applied(&self) -> Option<EntryLogId> {
         self.last_applied
@@ -65,6 +78,9 @@ impl RaftStateMachine<PartitionRaft> for PartitionStateMachine {
                 self.membership = StoredMembership::new(Some(entry.log_id), m.clone());
             }
             self.last_applied = Some(entry.log_id);
+            if let Some(hook) = &mut self.on_apply {
+                hook(&entry);
+            }
             if let Some(r) = responder {
                 r.send(());
             }

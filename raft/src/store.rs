@@ -48,6 +48,8 @@ pub type Clock = Rc<dyn Fn() -> i64>;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Meta {
     vote: Option<Vote>,
+    /// The last committed entry, when the store persists it (see `LogStore::persist_committed`).
+    committed: Option<EntryLogId>,
     purged: Option<EntryLogId>,
     /// Raft index of the first entry in the log (or of the next one, when there is none).
     first_index: u64,
@@ -98,6 +100,7 @@ pub struct LogStore {
     log: Rc<Log>,
     inner: Rc<RefCell<Inner>>,
     clock: Clock,
+    persist_committed: bool,
 }
 
 /// A reader of the same log, for openraft's replication tasks.
@@ -134,7 +137,16 @@ impl LogStore {
             log,
             inner: Rc::new(RefCell::new(inner)),
             clock,
+            persist_committed: false,
         })
+    }
+
+    /// Persists the commit point on every change, so a restarted node applies its committed
+    /// entries at once instead of waiting for a leader. One small fsynced write per commit:
+    /// right for the controller's rare changes, too costly for busy partitions.
+    pub fn persist_committed(mut self) -> LogStore {
+        self.persist_committed = true;
+        self
     }
 
     /// The partition's Kafka log, for the fetch path.
@@ -283,6 +295,18 @@ impl RaftLogStorage<PartitionRaft> for LogStore {
         }
     }
 
+    async fn save_committed(&mut self, committed: Option<EntryLogId>) -> io::Result<()> {
+        if !self.persist_committed || self.inner.borrow().meta.committed == committed {
+            return Ok(());
+        }
+        self.inner.borrow_mut().meta.committed = committed;
+        self.write_meta().await
+    }
+
+    async fn read_committed(&mut self) -> io::Result<Option<EntryLogId>> {
+        Ok(self.inner.borrow().meta.committed)
+    }
+
     async fn save_vote(&mut self, vote: &Vote) -> io::Result<()> {
         self.inner.borrow_mut().meta.vote = Some(*vote);
         self.write_meta().await
@@ -397,13 +421,15 @@ fn encode_meta(meta: &Meta) -> Vec<u8> {
         }
         None => out.put_u8(0),
     }
-    match &meta.purged {
-        Some(p) => {
-            out.put_u8(1);
-            out.put_u64(p.leader_id.term);
-            out.put_u64(p.index);
+    for id in [&meta.purged, &meta.committed] {
+        match id {
+            Some(p) => {
+                out.put_u8(1);
+                out.put_u64(p.leader_id.term);
+                out.put_u64(p.index);
+            }
+            None => out.put_u8(0),
         }
-        None => out.put_u8(0),
     }
     out.put_u64(meta.first_index);
     out.put_i64(meta.first_offset);
@@ -447,15 +473,22 @@ fn decode_meta(bytes: &[u8]) -> io::Result<Meta> {
             })
         }
     };
-    need(r, 1)?;
-    let purged = match r.get_u8() {
-        0 => None,
-        _ => {
-            need(r, 16)?;
-            let term = r.get_u64();
-            Some(EntryLogId::new(CommittedLeaderId::new(term), r.get_u64()))
+    let mut log_id = || {
+        need(r, 1)?;
+        match r.get_u8() {
+            0 => Ok::<_, io::Error>(None),
+            _ => {
+                need(r, 16)?;
+                let term = r.get_u64();
+                Ok(Some(EntryLogId::new(
+                    CommittedLeaderId::new(term),
+                    r.get_u64(),
+                )))
+            }
         }
     };
+    let purged = log_id()?;
+    let committed = log_id()?;
     need(r, 16)?;
     let first_index = r.get_u64();
     let first_offset = r.get_i64();
@@ -464,6 +497,7 @@ fn decode_meta(bytes: &[u8]) -> io::Result<Meta> {
     }
     Ok(Meta {
         vote,
+        committed,
         purged,
         first_index,
         first_offset,
@@ -512,7 +546,11 @@ mod tests {
             let store = LogStore::open(&dir, config, Rc::new(|| 1_700_000_000_000))
                 .await
                 .map_err(|e| StorageError::from_io_error(ErrorSubject::Logs, ErrorVerb::Read, e))?;
-            Ok((TempDir(dir), store, PartitionStateMachine::default()))
+            Ok((
+                TempDir(dir),
+                store.persist_committed(),
+                PartitionStateMachine::default(),
+            ))
         }
     }
 
@@ -635,6 +673,7 @@ mod tests {
                 },
                 committed: true,
             }),
+            committed: Some(EntryLogId::new(CommittedLeaderId::new(4), 80)),
             purged: Some(EntryLogId::new(CommittedLeaderId::new(4), 77)),
             first_index: 78,
             first_offset: 1234,

@@ -52,6 +52,11 @@ pub enum Message {
     SnapshotReply(SnapshotResponse<PartitionRaft>),
     /// The receiver could not serve the request (no such group, group shutting down, ...).
     Failed(String),
+    /// An opaque request for the receiving node itself (a broker asking the controller to
+    /// apply a change); the group id is unused.
+    Forward(Bytes),
+    /// The answer to a `Forward`: a payload or why it failed.
+    ForwardReply(Result<Bytes, String>),
 }
 
 /// A message with its routing: the group it is for and the request it answers.
@@ -89,6 +94,8 @@ const VOTE_REPLY: u8 = 4;
 const SNAPSHOT: u8 = 5;
 const SNAPSHOT_REPLY: u8 = 6;
 const FAILED: u8 = 7;
+const FORWARD: u8 = 8;
+const FORWARD_REPLY: u8 = 9;
 
 /// Appends `frame`, length prefix included, to `out`.
 pub fn encode(frame: &Frame, out: &mut BytesMut) {
@@ -102,6 +109,8 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) {
         Message::Snapshot { .. } => SNAPSHOT,
         Message::SnapshotReply(_) => SNAPSHOT_REPLY,
         Message::Failed(_) => FAILED,
+        Message::Forward(_) => FORWARD,
+        Message::ForwardReply(_) => FORWARD_REPLY,
     };
     out.put_u8(kind);
     out.put_u64(frame.correlation);
@@ -149,6 +158,15 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) {
         }
         Message::SnapshotReply(reply) => put_vote(out, &reply.vote),
         Message::Failed(why) => put_bytes(out, why.as_bytes()),
+        Message::Forward(payload) => put_bytes(out, payload),
+        Message::ForwardReply(Ok(payload)) => {
+            out.put_u8(0);
+            put_bytes(out, payload);
+        }
+        Message::ForwardReply(Err(why)) => {
+            out.put_u8(1);
+            put_bytes(out, why.as_bytes());
+        }
     }
     let length = out.len() - start - 4;
     assert!(
@@ -250,6 +268,23 @@ pub fn decode(mut b: Bytes) -> Result<Frame, WireError> {
         FAILED => {
             let raw = get_bytes(&mut b)?;
             Message::Failed(String::from_utf8_lossy(&raw).into_owned())
+        }
+        FORWARD => Message::Forward(get_bytes(&mut b)?),
+        FORWARD_REPLY => {
+            need(&b, 1)?;
+            match b.get_u8() {
+                0 => Message::ForwardReply(Ok(get_bytes(&mut b)?)),
+                1 => {
+                    let raw = get_bytes(&mut b)?;
+                    Message::ForwardReply(Err(String::from_utf8_lossy(&raw).into_owned()))
+                }
+                tag => {
+                    return Err(WireError::UnknownTag {
+                        what: "forward reply",
+                        tag,
+                    })
+                }
+            }
         }
         tag => return Err(WireError::UnknownTag { what: "frame", tag }),
     };
@@ -462,6 +497,22 @@ mod tests {
             panic!("not a failure")
         };
         assert_eq!(why, "no such group");
+        let Message::Forward(p) = round_trip(Message::Forward(Bytes::from_static(b"req"))).message
+        else {
+            panic!("not a forward")
+        };
+        assert_eq!(&p[..], b"req");
+        for reply in [
+            Ok(Bytes::from_static(b"done")),
+            Err("not the controller".to_string()),
+        ] {
+            let Message::ForwardReply(got) =
+                round_trip(Message::ForwardReply(reply.clone())).message
+            else {
+                panic!("not a forward reply")
+            };
+            assert_eq!(got, reply);
+        }
     }
 
     #[test]

@@ -41,6 +41,13 @@ pub struct BrokerConfig {
     pub topic_defaults: BTreeMap<&'static str, String>,
     /// The group coordinator's configs.
     pub group: GroupConfig,
+    /// `controller.quorum.voters` (`id@host:port,...`): every node of the cluster, each a
+    /// voter of the controller quorum (Raft group 0), with the address it serves Raft traffic
+    /// on. Empty (the default): a cluster of this node alone, with no Raft port.
+    pub voters: BTreeMap<i32, SocketAddr>,
+    /// `broker.session.timeout.ms` (default 9000): a node the controller has not heard from
+    /// for this long is fenced, and leaves Metadata until it is back.
+    pub broker_session_timeout_ms: i64,
 }
 
 /// The group coordinator's configs, with Kafka 4.1's names and defaults.
@@ -483,7 +490,6 @@ pub fn validate_value(def: &TopicConfigDef, value: &str) -> Result<(), String> {
 /// existing `server.properties` works.
 const IGNORED_BROKER_KEYS: &[&str] = &[
     "process.roles",
-    "controller.quorum.voters",
     "controller.quorum.bootstrap.servers",
     "controller.listener.names",
     "inter.broker.listener.name",
@@ -527,6 +533,8 @@ impl Default for BrokerConfig {
             retention_check_interval_ms: 300_000,
             topic_defaults,
             group: GroupConfig::default(),
+            voters: BTreeMap::new(),
+            broker_session_timeout_ms: 9000,
         }
     }
 }
@@ -574,6 +582,28 @@ fn parse_listener(value: &str, key: &str) -> anyhow::Result<(String, u16)> {
         .parse()
         .with_context(|| format!("{key}={value}: bad port"))?;
     Ok((host.trim_matches(['[', ']']).to_string(), port))
+}
+
+/// `controller.quorum.voters`: `id@host:port` entries separated by commas.
+fn parse_voters(value: &str, key: &str) -> anyhow::Result<BTreeMap<i32, SocketAddr>> {
+    let mut voters = BTreeMap::new();
+    for entry in value.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let (id, addr) = entry
+            .split_once('@')
+            .with_context(|| format!("{key}={value}: expected ID@HOST:PORT, got {entry:?}"))?;
+        let id: i32 = id
+            .parse()
+            .ok()
+            .filter(|id| *id >= 0)
+            .with_context(|| format!("{key}={value}: bad node id {id:?}"))?;
+        let addr: SocketAddr = addr
+            .parse()
+            .with_context(|| format!("{key}={value}: {addr:?} is not an IP:PORT address"))?;
+        if voters.insert(id, addr).is_some() {
+            bail!("{key}={value}: node {id} is listed twice");
+        }
+    }
+    Ok(voters)
 }
 
 impl BrokerConfig {
@@ -734,6 +764,10 @@ impl BrokerConfig {
                     ),
                     _ => bail!("{key}={v}: expected disabled, upgrade, downgrade or bidirectional"),
                 },
+                "controller.quorum.voters" => self.voters = parse_voters(v, key)?,
+                "broker.session.timeout.ms" => {
+                    self.broker_session_timeout_ms = int(1, i64::from(i32::MAX))?;
+                }
                 k if IGNORED_BROKER_KEYS.contains(&k) => {
                     tracing::warn!(
                         key = k,
@@ -755,6 +789,17 @@ impl BrokerConfig {
         }
         if roll.0 > 0 {
             self.set_topic_default("segment.ms", &roll.1.to_string(), "log.roll.*")?;
+        }
+        if !self.voters.is_empty() && !self.voters.contains_key(&self.node_id) {
+            bail!(
+                "node.id={} is not one of controller.quorum.voters ({}): every node is a voter",
+                self.node_id,
+                self.voters
+                    .keys()
+                    .map(|k| k.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
         }
         self.group.check()
     }
@@ -875,6 +920,40 @@ mod tests {
         assert!(c
             .apply(&[("num.partitions".into(), "zero".into())])
             .is_err());
+    }
+
+    #[test]
+    fn controller_quorum_voters() {
+        let mut c = BrokerConfig::default();
+        let set = |k: &str, v: &str| vec![(k.to_string(), v.to_string())];
+        c.apply(&[
+            ("node.id".into(), "2".into()),
+            (
+                "controller.quorum.voters".into(),
+                "1@127.0.0.1:9093, 2@127.0.0.1:9193,3@127.0.0.1:9293".into(),
+            ),
+        ])
+        .unwrap();
+        assert_eq!(c.voters.len(), 3);
+        assert_eq!(c.voters[&2], "127.0.0.1:9193".parse().unwrap());
+        let mut other = c.clone();
+        let err = other.apply(&set("node.id", "4")).unwrap_err();
+        assert!(err
+            .to_string()
+            .contains("not one of controller.quorum.voters"));
+        for bad in [
+            "1@localhost:9093",
+            "x@127.0.0.1:1",
+            "1@127.0.0.1:1,1@127.0.0.1:2",
+            "1127.0.0.1:2",
+        ] {
+            assert!(
+                BrokerConfig::default()
+                    .apply(&set("controller.quorum.voters", bad))
+                    .is_err(),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

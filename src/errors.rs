@@ -10,6 +10,14 @@ pub enum BrokerError {
     UnknownTopicOrPartition,
     #[error("This server does not host this topic ID.")]
     UnknownTopicId,
+    #[error("This server is not the leader for that topic-partition.")]
+    NotLeaderOrFollower,
+    #[error("There is no leader for this topic-partition as we are in the middle of a leadership election.")]
+    LeaderNotAvailable,
+    #[error("This is not the correct controller for this cluster.")]
+    NotController,
+    #[error("{0}")]
+    RequestTimedOut(String),
     #[error("{0}")]
     InvalidTopic(String),
     #[error("Topic '{0}' already exists.")]
@@ -127,6 +135,10 @@ pub fn kafka_error(e: &BrokerError) -> ResponseError {
     match e {
         BrokerError::UnknownTopicOrPartition => ResponseError::UnknownTopicOrPartition,
         BrokerError::UnknownTopicId => ResponseError::UnknownTopicId,
+        BrokerError::NotLeaderOrFollower => ResponseError::NotLeaderOrFollower,
+        BrokerError::LeaderNotAvailable => ResponseError::LeaderNotAvailable,
+        BrokerError::NotController => ResponseError::NotController,
+        BrokerError::RequestTimedOut(_) => ResponseError::RequestTimedOut,
         BrokerError::InvalidTopic(_) => ResponseError::InvalidTopicException,
         BrokerError::TopicAlreadyExists(_) => ResponseError::TopicAlreadyExists,
         BrokerError::InvalidPartitions(_) => ResponseError::InvalidPartitions,
@@ -215,6 +227,10 @@ mod tests {
             (BrokerError::TopicDeletionDisabled, 73),
             (BrokerError::InvalidRecord(String::new()), 87),
             (BrokerError::UnknownTopicId, 100),
+            (BrokerError::NotLeaderOrFollower, 6),
+            (BrokerError::LeaderNotAvailable, 5),
+            (BrokerError::NotController, 41),
+            (BrokerError::RequestTimedOut(String::new()), 7),
             (BrokerError::CoordinatorLoadInProgress, 14),
             (BrokerError::CoordinatorNotAvailable(String::new()), 15),
             (BrokerError::NotCoordinator, 16),

@@ -15,6 +15,7 @@ pub mod kafka;
 pub mod metadata;
 pub mod partition;
 pub mod producer_state;
+pub mod quorum;
 pub mod records;
 pub mod shard;
 pub mod types;

@@ -41,7 +41,9 @@ fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FERROLOG_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                // openraft narrates elections at info and every failed heartbeat at warn; ferrolog logs
+                // what operators act on (fencing, registration) itself.
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=error")),
         )
         .with_target(false)
         .init();

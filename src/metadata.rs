@@ -43,20 +43,41 @@ pub fn validate_topic_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TopicRecord {
     pub name: String,
     pub id: Uuid,
     pub partitions: i32,
     pub configs: BTreeMap<String, String>,
+    /// The replicas (node ids) of each partition, preferred leader first. Empty in states
+    /// written before clusters existed: every partition then lives on the only node.
+    #[serde(default)]
+    pub replicas: Vec<Vec<i32>>,
 }
 
-/// What `cluster.json` holds.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// A node as the controller knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrokerRecord {
+    /// `advertised.listeners`: where clients reach it.
+    pub host: String,
+    pub port: u16,
+    /// Not heard from within `broker.session.timeout.ms`: left out of Metadata, and its
+    /// partitions have no leader, until it is back.
+    #[serde(default)]
+    pub fenced: bool,
+}
+
+/// The cluster metadata: each entry of the controller's Raft log holds the whole of it
+/// (formerly `cluster.json`, which a new quorum still imports).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterState {
     pub cluster_id: String,
+    /// Only read from an old `cluster.json`: producer ids are allocated per node now.
+    #[serde(default, skip_serializing)]
     pub next_producer_id: i64,
     pub topics: Vec<TopicRecord>,
+    #[serde(default)]
+    pub brokers: BTreeMap<i32, BrokerRecord>,
 }
 
 /// A topic as shards see it.
@@ -67,6 +88,20 @@ pub struct TopicMeta {
     pub partitions: i32,
     pub configs: BTreeMap<String, String>,
     pub settings: TopicSettings,
+    /// Replicas of each partition, preferred leader first (one entry per partition).
+    pub replicas: Vec<Vec<i32>>,
+}
+
+impl TopicMeta {
+    /// The node that leads `partition`: its first replica, if that node is not fenced.
+    pub fn leader(&self, partition: i32, image: &MetadataImage) -> Option<i32> {
+        let first = *self.replicas.get(partition as usize)?.first()?;
+        image
+            .brokers
+            .get(&first)
+            .filter(|b| !b.fenced)
+            .map(|_| first)
+    }
 }
 
 /// Immutable snapshot of the cluster metadata, shared by all shards.
@@ -76,6 +111,8 @@ pub struct MetadataImage {
     pub version: u64,
     pub topics: BTreeMap<String, TopicMeta>,
     pub topic_ids: HashMap<Uuid, String>,
+    /// Registered nodes, fenced ones included.
+    pub brokers: BTreeMap<i32, BrokerRecord>,
 }
 
 impl MetadataImage {
@@ -88,6 +125,38 @@ impl MetadataImage {
     }
 }
 
+/// Replicas for `partitions` new partitions numbered from `first`, over the unfenced
+/// brokers: round robin, each partition's preferred leader on the next node, so leadership
+/// spreads evenly (Kafka's rack-unaware assignment, without its random start). Fails with
+/// Kafka's message when `replication_factor` exceeds the live brokers.
+pub fn assign_replicas(
+    brokers: &BTreeMap<i32, BrokerRecord>,
+    first: i32,
+    partitions: i32,
+    replication_factor: i16,
+    salt: usize,
+) -> Result<Vec<Vec<i32>>, String> {
+    let live: Vec<i32> = brokers
+        .iter()
+        .filter(|(_, b)| !b.fenced)
+        .map(|(id, _)| *id)
+        .collect();
+    let rf = usize::try_from(replication_factor).unwrap_or(0);
+    if rf == 0 || rf > live.len() {
+        return Err(format!(
+            "Unable to replicate the partition {replication_factor} time(s): The target replication factor of {replication_factor} cannot be reached because only {} broker(s) are registered.",
+            live.len()
+        ));
+    }
+    Ok((first..first + partitions)
+        .map(|p| {
+            (0..rf)
+                .map(|r| live[(salt + p as usize + r) % live.len()])
+                .collect()
+        })
+        .collect())
+}
+
 /// The shard that owns a partition: a stable function of (topic id, partition).
 pub fn shard_for(topic_id: &Uuid, partition: i32, shard_count: usize) -> ShardId {
     let mut key = [0u8; 20];
@@ -96,35 +165,89 @@ pub fn shard_for(topic_id: &Uuid, partition: i32, shard_count: usize) -> ShardId
     ShardId((crc32c::crc32c(&key) as usize) % shard_count)
 }
 
-/// The single writer of cluster metadata (shard 0).
+/// The controller's copy of the cluster metadata, on shard 0 of every node. `state` is the
+/// working copy that the controller leader changes (under the controller lock) and proposes
+/// to Raft group 0; `applied` is what the log says. A failed proposal resets `state` to it.
 pub struct Controller {
-    path: PathBuf,
     pub state: ClusterState,
-    /// Producer ids below this are free to hand out without touching the disk.
-    producer_id_limit: i64,
+    applied: Option<ClusterState>,
+    /// A `cluster.json` from before the quorum existed: the first state a new quorum
+    /// commits, so an upgraded single node keeps its topics.
+    legacy: Option<ClusterState>,
     version: u64,
 }
 
 impl Controller {
-    /// Loads `cluster.json` from `dir`, or starts a new cluster.
+    /// Reads a legacy `cluster.json` from `dir`, if there is one, to import.
     pub fn load(dir: &std::path::Path) -> anyhow::Result<Controller> {
         let path = dir.join("cluster.json");
-        let state = match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|e| anyhow::anyhow!("{} is damaged: {e}", path.display()))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => ClusterState {
-                cluster_id: new_cluster_id(),
-                next_producer_id: 0,
-                topics: Vec::new(),
-            },
+        let legacy = match std::fs::read(&path) {
+            Ok(bytes) => Some(
+                serde_json::from_slice::<ClusterState>(&bytes)
+                    .map_err(|e| anyhow::anyhow!("{} is damaged: {e}", path.display()))?,
+            ),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(anyhow::anyhow!("reading {}: {e}", path.display())),
         };
         Ok(Controller {
-            path,
-            producer_id_limit: state.next_producer_id,
-            state,
+            state: ClusterState {
+                cluster_id: String::new(),
+                next_producer_id: 0,
+                topics: Vec::new(),
+                brokers: BTreeMap::new(),
+            },
+            applied: None,
+            legacy,
             version: 0,
         })
+    }
+
+    /// The state a new quorum starts from: the imported `cluster.json` with this node as
+    /// the replica of every partition, or an empty cluster with a fresh id; either way with
+    /// this node (the first leader) registered.
+    pub fn initial_state(&self, node_id: i32, me: BrokerRecord) -> ClusterState {
+        let mut state = match &self.legacy {
+            Some(legacy) => {
+                let mut state = legacy.clone();
+                for t in &mut state.topics {
+                    if t.replicas.is_empty() {
+                        t.replicas = vec![vec![node_id]; t.partitions as usize];
+                    }
+                }
+                state
+            }
+            None => ClusterState {
+                cluster_id: new_cluster_id(),
+                next_producer_id: 0,
+                topics: Vec::new(),
+                brokers: BTreeMap::new(),
+            },
+        };
+        state.brokers.insert(node_id, me);
+        state
+    }
+
+    /// The producer-id counter of an imported `cluster.json`.
+    pub fn legacy_next_producer_id(&self) -> i64 {
+        self.legacy.as_ref().map_or(0, |l| l.next_producer_id)
+    }
+
+    /// The last state applied from the log, if any.
+    pub fn applied(&self) -> Option<&ClusterState> {
+        self.applied.as_ref()
+    }
+
+    /// Records a state applied from the log and makes it the working copy.
+    pub fn set_applied(&mut self, state: ClusterState) {
+        self.state = state.clone();
+        self.applied = Some(state);
+    }
+
+    /// Drops uncommitted changes to the working copy.
+    pub fn reset_to_applied(&mut self) {
+        if let Some(applied) = &self.applied {
+            self.state = applied.clone();
+        }
     }
 
     pub fn image(&mut self, defaults: &BTreeMap<&'static str, String>) -> MetadataImage {
@@ -141,6 +264,7 @@ impl Controller {
                     partitions: t.partitions,
                     configs: t.configs.clone(),
                     settings: TopicSettings::resolve(defaults, &t.configs),
+                    replicas: t.replicas.clone(),
                 },
             );
         }
@@ -149,6 +273,7 @@ impl Controller {
             version: self.version,
             topics,
             topic_ids,
+            brokers: self.state.brokers.clone(),
         }
     }
 
@@ -166,26 +291,54 @@ impl Controller {
             .find(|t| t.name != name && norm(&t.name) == norm(name))
             .map(|t| t.name.clone())
     }
+}
 
-    /// Returns the next producer id; `Some(state)` when the caller must persist first.
-    pub fn next_producer_id(&mut self) -> (i64, bool) {
-        let id = self.state.next_producer_id;
-        self.state.next_producer_id += 1;
-        if self.state.next_producer_id > self.producer_id_limit {
-            self.producer_id_limit = self.state.next_producer_id + PRODUCER_ID_BLOCK;
-            return (id, true);
-        }
-        (id, false)
+/// Producer ids handed out by this node: `node.id << 40` plus a counter, so nodes never
+/// collide without asking anyone. The counter is persisted a block ahead in
+/// `<log.dirs>/producer-ids`, so a restart skips at most one block and never reuses an id.
+pub struct ProducerIds {
+    path: PathBuf,
+    base: i64,
+    next: i64,
+    limit: i64,
+}
+
+impl ProducerIds {
+    pub fn load(
+        dir: &std::path::Path,
+        node_id: i32,
+        legacy_next: i64,
+    ) -> anyhow::Result<ProducerIds> {
+        let path = dir.join("producer-ids");
+        let next = match std::fs::read_to_string(&path) {
+            Ok(text) => text
+                .trim()
+                .parse::<i64>()
+                .map_err(|e| anyhow::anyhow!("{} is damaged: {e}", path.display()))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => legacy_next,
+            Err(e) => return Err(anyhow::anyhow!("reading {}: {e}", path.display())),
+        };
+        Ok(ProducerIds {
+            path,
+            base: i64::from(node_id) << 40,
+            next,
+            limit: next,
+        })
     }
 
-    /// Serialises the state to persist; the persisted producer-id counter is the block limit.
-    pub fn snapshot(&self) -> (PathBuf, Vec<u8>) {
-        let mut state = self.state.clone();
-        state.next_producer_id = self.producer_id_limit.max(state.next_producer_id);
-        (
-            self.path.clone(),
-            serde_json::to_vec_pretty(&state).expect("cluster state serialises"),
-        )
+    /// The next id; with `Some((path, contents))` when the caller must persist first.
+    pub fn allocate(&mut self) -> (i64, Option<(PathBuf, Vec<u8>)>) {
+        let id = self.base + self.next;
+        self.next += 1;
+        assert!(self.next < 1 << 40, "producer ids of this node exhausted");
+        if self.next > self.limit {
+            self.limit = self.next + PRODUCER_ID_BLOCK;
+            return (
+                id,
+                Some((self.path.clone(), self.limit.to_string().into_bytes())),
+            );
+        }
+        (id, None)
     }
 }
 
@@ -222,6 +375,34 @@ mod tests {
         assert!(validate_topic_name("a b").is_err());
         assert!(validate_topic_name(&"a".repeat(250)).is_err());
         assert!(validate_topic_name(&"a".repeat(249)).is_ok());
+    }
+
+    #[test]
+    fn replicas_spread_leaders_and_respect_live_brokers() {
+        let mut brokers = BTreeMap::new();
+        for id in [1, 2, 3] {
+            brokers.insert(
+                id,
+                BrokerRecord {
+                    host: "h".into(),
+                    port: 1,
+                    fenced: false,
+                },
+            );
+        }
+        let r = assign_replicas(&brokers, 0, 6, 2, 0).unwrap();
+        assert_eq!(r.len(), 6);
+        let leaders: Vec<i32> = r.iter().map(|p| p[0]).collect();
+        assert_eq!(
+            leaders,
+            vec![1, 2, 3, 1, 2, 3],
+            "preferred leaders spread evenly"
+        );
+        assert!(r.iter().all(|p| p.len() == 2 && p[0] != p[1]));
+        brokers.get_mut(&3).unwrap().fenced = true;
+        let err = assign_replicas(&brokers, 0, 1, 3, 0).unwrap_err();
+        assert!(err.contains("only 2 broker(s) are registered"), "{err}");
+        assert!(assign_replicas(&brokers, 0, 1, 0, 0).is_err());
     }
 
     #[test]

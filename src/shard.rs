@@ -23,8 +23,9 @@ use crate::config::BrokerConfig;
 use crate::errors::BrokerError;
 use crate::fetch_session::FetchSessions;
 use crate::group::{self, GroupCoordinator, OFFSETS_TOPIC};
-use crate::metadata::{shard_for, Controller, MetadataImage};
+use crate::metadata::{shard_for, ClusterState, Controller, MetadataImage, ProducerIds};
 use crate::partition::Partition;
+use crate::quorum::Quorum;
 use crate::types::{now_ms, ShardId, TopicPartition};
 
 /// A closure sent to another shard.
@@ -44,15 +45,27 @@ static SHUTDOWN: AtomicBool = AtomicBool::new(false);
 /// Shards that finished closing their logs.
 static SHARDS_CLOSED: AtomicUsize = AtomicUsize::new(0);
 
+/// What every shard of a node may read about the cluster without a hop to shard 0.
+#[derive(Debug)]
+pub struct ClusterView {
+    /// The controller quorum's leader (Metadata's controller id), -1 when there is none.
+    pub controller_id: std::sync::atomic::AtomicI32,
+}
+
 pub struct Shard {
     pub id: ShardId,
     pub count: usize,
     pub config: Arc<BrokerConfig>,
+    pub cluster: Arc<ClusterView>,
     senders: Senders<Job>,
     image: RefCell<Arc<MetadataImage>>,
     partitions: RefCell<HashMap<TopicPartition, Rc<Partition>>>,
     /// Present on shard 0 only.
     controller: Option<RefCell<Controller>>,
+    /// The controller quorum (Raft group 0); shard 0 only, set once it has started.
+    quorum: RefCell<Option<Rc<Quorum>>>,
+    /// This node's producer-id allocator; shard 0 only.
+    pub producer_ids: Option<RefCell<ProducerIds>>,
     /// Serialises controller changes (persist + publish) on shard 0.
     controller_lock: Semaphore,
     pub fetch_sessions: RefCell<FetchSessions>,
@@ -72,7 +85,16 @@ impl Shard {
         self.partitions.borrow().get(tp).cloned()
     }
 
-    /// The shard that owns `tp`, or UNKNOWN_TOPIC_OR_PARTITION.
+    /// Whether this node holds a replica of `topic`'s `partition`.
+    pub fn hosts(&self, topic: &crate::metadata::TopicMeta, partition: i32) -> bool {
+        topic
+            .replicas
+            .get(partition as usize)
+            .is_some_and(|r| r.contains(&self.config.node_id))
+    }
+
+    /// The shard that owns `tp`, UNKNOWN_TOPIC_OR_PARTITION, or NOT_LEADER_OR_FOLLOWER when
+    /// another node has it.
     pub fn owner_of(
         &self,
         image: &MetadataImage,
@@ -83,6 +105,9 @@ impl Shard {
             .ok_or(BrokerError::UnknownTopicOrPartition)?;
         if tp.partition < 0 || tp.partition >= topic.partitions {
             return Err(BrokerError::UnknownTopicOrPartition);
+        }
+        if !self.hosts(topic, tp.partition) {
+            return Err(BrokerError::NotLeaderOrFollower);
         }
         Ok(shard_for(&topic.id, tp.partition, self.count))
     }
@@ -182,13 +207,34 @@ impl Shard {
         f(&mut controller.borrow_mut())
     }
 
-    /// Controller only: persists the cluster state and publishes a new image to every shard,
-    /// returning when all of them have applied it.
+    /// Controller only: commits the working copy of the cluster state through the controller
+    /// quorum and publishes it to every shard, returning when all of them have applied it.
+    /// Fails with NOT_CONTROLLER on a node that does not lead the quorum; the working copy
+    /// is then back at the last committed state.
     pub async fn commit_metadata(self: &Rc<Self>) -> Result<(), BrokerError> {
-        let (path, bytes) = self.with_controller(|c| c.snapshot());
-        ferrolog_io::write_file(&path, bytes)
-            .await
-            .map_err(|e| BrokerError::Storage(e.to_string()))?;
+        let quorum = self.quorum.borrow().clone();
+        let Some(quorum) = quorum else {
+            self.with_controller(|c| c.reset_to_applied());
+            return Err(BrokerError::NotController);
+        };
+        let state = self.with_controller(|c| c.state.clone());
+        if let Err(e) = quorum.propose(&state).await {
+            self.with_controller(|c| c.reset_to_applied());
+            return Err(e);
+        }
+        self.publish_image().await;
+        Ok(())
+    }
+
+    /// Controller only: a committed state arrived from the quorum's log.
+    pub fn controller_applied(self: &Rc<Self>, state: ClusterState) {
+        self.with_controller(|c| c.set_applied(state));
+        let me = self.clone();
+        glommio::spawn_local(async move { me.publish_image().await }).detach();
+    }
+
+    /// Controller only: sends the image of the working copy to every shard.
+    async fn publish_image(self: &Rc<Self>) {
         let image = Arc::new(self.with_controller(|c| c.image(&self.config.topic_defaults)));
         let mut waits = Vec::with_capacity(self.count);
         for s in 0..self.count {
@@ -199,7 +245,11 @@ impl Shard {
             }));
         }
         futures::future::join_all(waits).await;
-        Ok(())
+    }
+
+    /// Controller only: the quorum, once started.
+    pub fn quorum(&self) -> Option<Rc<Quorum>> {
+        self.quorum.borrow().clone()
     }
 
     /// Installs a new image: opens partitions this shard now owns, drops (and deletes) those
@@ -213,7 +263,7 @@ impl Shard {
         let mut to_open = Vec::new();
         for topic in image.topics.values() {
             for p in 0..topic.partitions {
-                if shard_for(&topic.id, p, self.count) != self.id {
+                if shard_for(&topic.id, p, self.count) != self.id || !self.hosts(topic, p) {
                     continue;
                 }
                 let tp = TopicPartition {
@@ -283,6 +333,10 @@ impl Shard {
 
     /// Closes every partition log (flushes and writes indexes) for a clean shutdown.
     pub async fn close_all(&self) {
+        if let Some(quorum) = self.quorum() {
+            quorum.shutdown();
+            let _ = quorum.raft.shutdown().await;
+        }
         let parts: Vec<Rc<Partition>> = self.partitions.borrow().values().cloned().collect();
         for p in parts {
             if let Err(e) = p.log.close().await {
@@ -324,7 +378,15 @@ pub fn run(config: BrokerConfig, cores: usize) -> anyhow::Result<()> {
     // Load (and validate) the cluster state before any executor starts, so a damaged file
     // stops start-up with a clear message.
     let controller = Controller::load(&config.log_dir)?;
-    let controller = Arc::new(std::sync::Mutex::new(Some(controller)));
+    let producer_ids = ProducerIds::load(
+        &config.log_dir,
+        config.node_id,
+        controller.legacy_next_producer_id(),
+    )?;
+    let controller = Arc::new(std::sync::Mutex::new(Some((controller, producer_ids))));
+    let cluster = Arc::new(ClusterView {
+        controller_id: std::sync::atomic::AtomicI32::new(-1),
+    });
     let config = Arc::new(config);
     let mesh: MeshBuilder<Job, Full> = MeshBuilder::full(cores, MESH_CHANNEL_JOBS);
     spawn_signal_thread(cores)?;
@@ -335,8 +397,9 @@ pub fn run(config: BrokerConfig, cores: usize) -> anyhow::Result<()> {
             let config = config.clone();
             let mesh = mesh.clone();
             let controller = controller.clone();
+            let cluster = cluster.clone();
             async move {
-                if let Err(e) = shard_main(config, mesh, controller).await {
+                if let Err(e) = shard_main(config, cluster, mesh, controller).await {
                     tracing::error!(error = %e, "shard failed");
                     std::process::exit(1);
                 }
@@ -389,8 +452,9 @@ async fn shutdown_watch(shard: Rc<Shard>) {
 
 async fn shard_main(
     config: Arc<BrokerConfig>,
+    cluster: Arc<ClusterView>,
     mesh: MeshBuilder<Job, Full>,
-    controller_slot: Arc<std::sync::Mutex<Option<Controller>>>,
+    controller_slot: Arc<std::sync::Mutex<Option<(Controller, ProducerIds)>>>,
 ) -> anyhow::Result<()> {
     let (senders, mut receivers) = mesh
         .join()
@@ -398,10 +462,15 @@ async fn shard_main(
         .map_err(|_| anyhow::anyhow!("mesh join failed"))?;
     let id = ShardId(senders.peer_id());
     let count = senders.nr_consumers();
-    let controller = if id.0 == 0 {
-        controller_slot.lock().expect("not poisoned").take()
+    let (controller, producer_ids) = if id.0 == 0 {
+        let (c, p) = controller_slot
+            .lock()
+            .expect("not poisoned")
+            .take()
+            .expect("shard 0 takes the controller once");
+        (Some(c), Some(p))
     } else {
-        None
+        (None, None)
     };
     assert_eq!(
         controller.is_some(),
@@ -413,15 +482,19 @@ async fn shard_main(
         id,
         count,
         config: config.clone(),
+        cluster,
         senders,
         image: RefCell::new(Arc::new(MetadataImage {
             cluster_id: String::new(),
             version: 0,
             topics: BTreeMap::new(),
             topic_ids: HashMap::new(),
+            brokers: BTreeMap::new(),
         })),
         partitions: RefCell::new(HashMap::new()),
         controller: controller.map(RefCell::new),
+        quorum: RefCell::new(None),
+        producer_ids: producer_ids.map(RefCell::new),
         controller_lock: Semaphore::new(1),
         fetch_sessions: RefCell::new(FetchSessions::new(id)),
         groups: RefCell::new(GroupCoordinator::default()),
@@ -438,10 +511,10 @@ async fn shard_main(
         .detach();
     }
     if id.0 == 0 {
-        shard
-            .commit_metadata()
-            .await
-            .map_err(|e| anyhow::anyhow!("publishing metadata: {e}"))?;
+        // Committed metadata is applied (and published) as the quorum starts; a new cluster
+        // gets its first state once a leader is elected.
+        let quorum = Quorum::start(&shard).await?;
+        *shard.quorum.borrow_mut() = Some(quorum);
     }
     ready_rx
         .await

@@ -130,6 +130,11 @@ class Broker:
         pytest.fail(f"FERROLOG_TARGET={TARGET!r}: expected 'ferrolog' or 'apache'")
 
     def start(self):
+        self.launch()
+        return self.wait_ready()
+
+    def launch(self):
+        """Starts the process without waiting for it to serve (cluster nodes need each other)."""
         assert self.proc is None, "broker already running"
         cmd, env, preexec = self._command()
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -142,6 +147,9 @@ class Broker:
                 cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env=env, preexec_fn=preexec, start_new_session=True,
             )  # fmt: skip
+        return self
+
+    def wait_ready(self):
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not answers_api_versions(self.port):
             if self.proc.poll() is not None:
@@ -208,6 +216,10 @@ def pytest_runtest_makereport(item, call):
     b = getattr(item, "funcargs", {}).get("broker")
     if report.failed and isinstance(b, Broker):
         report.sections.append((f"broker output, tail of {b.log_path}", b.log_tail()))
+    c = getattr(item, "funcargs", {}).get("cluster")
+    if report.failed and c is not None:
+        for node_id, node in c.nodes.items():
+            report.sections.append((f"node {node_id} output, tail of {node.log_path}", node.log_tail(40)))
 
 
 def pytest_configure(config):

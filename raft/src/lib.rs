@@ -32,6 +32,8 @@ pub mod wire;
 #[cfg(test)]
 mod cluster_tests;
 
+pub use openraft;
+pub use openraft::async_runtime;
 pub use runtime::GlommioRuntime;
 
 /// The id of a leader once its entries are committed: the term alone (one leader per term).

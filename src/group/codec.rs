@@ -512,17 +512,27 @@ fn decode_group_value(mut v: &[u8]) -> Result<GroupValue, CodecError> {
 
 /// One uncompressed v2 batch of coordinator records (no producer id, CreateTime `now_ms`).
 pub fn encode_batch(records: &[CoordinatorRecord], now_ms: i64) -> Bytes {
+    let encoded: Vec<(Bytes, Option<Bytes>)> = records.iter().map(|r| r.encode()).collect();
+    let pairs: Vec<(&[u8], Option<&[u8]>)> = encoded
+        .iter()
+        .map(|(k, v)| (&k[..], v.as_deref()))
+        .collect();
+    encode_key_value_batch(&pairs, now_ms)
+}
+
+/// One uncompressed v2 batch of plain key/value records (no producer id, CreateTime
+/// `now_ms`): the form of every internal record ferrolog writes.
+pub fn encode_key_value_batch(records: &[(&[u8], Option<&[u8]>)], now_ms: i64) -> Bytes {
     assert!(!records.is_empty(), "a batch holds at least one record");
     let mut body = BytesMut::new();
-    for (i, r) in records.iter().enumerate() {
-        let (key, value) = r.encode();
+    for (i, (key, value)) in records.iter().enumerate() {
         let mut rec = BytesMut::new();
         rec.put_u8(0); // attributes
         put_varint(&mut rec, 0); // timestamp delta
         put_varint(&mut rec, i as i64); // offset delta
         put_varint(&mut rec, key.len() as i64);
-        rec.put_slice(&key);
-        match &value {
+        rec.put_slice(key);
+        match value {
             Some(v) => {
                 put_varint(&mut rec, v.len() as i64);
                 rec.put_slice(v);
@@ -560,6 +570,24 @@ pub fn decode_batch(
     bytes: &[u8],
     mut visit: impl FnMut(CoordinatorRecord),
 ) -> Result<(), CodecError> {
+    let mut result = Ok(());
+    decode_key_value_batch(header, bytes, |key, value| {
+        if result.is_ok() {
+            match CoordinatorRecord::decode(key, value) {
+                Ok(r) => visit(r),
+                Err(e) => result = Err(e),
+            }
+        }
+    })?;
+    result
+}
+
+/// Walks the key/value records of one whole, uncompressed batch; control batches hold none.
+pub fn decode_key_value_batch(
+    header: &BatchHeader,
+    bytes: &[u8],
+    mut visit: impl FnMut(&[u8], Option<&[u8]>),
+) -> Result<(), CodecError> {
     if header.compression() != 0 {
         return Err(CodecError::Compressed(header.compression()));
     }
@@ -581,7 +609,7 @@ pub fn decode_batch(
         let _offset_delta = get_varint(&mut rec)?;
         let key = get_varint_bytes(&mut rec)?.ok_or(CodecError::InvalidLength(-1))?;
         let value = get_varint_bytes(&mut rec)?;
-        visit(CoordinatorRecord::decode(key, value)?);
+        visit(key, value);
     }
     Ok(())
 }

@@ -495,7 +495,10 @@ where
         topic: OFFSETS_TOPIC.to_string(),
         partition: partition_for(group_id, topic.partitions),
     };
-    let owner = shard.owner_of(&image, &tp)?;
+    // Another node's partition: the client looks the coordinator up again.
+    let owner = shard
+        .owner_of(&image, &tp)
+        .map_err(|_| BrokerError::NotCoordinator)?;
     shard
         .invoke_on(owner, move |s| {
             let s = s.clone();

@@ -9,14 +9,14 @@ use uuid::Uuid;
 
 use crate::config::{topic_config_def, validate_value};
 use crate::errors::BrokerError;
-use crate::metadata::{validate_topic_name, TopicRecord};
+use crate::metadata::{assign_replicas, validate_topic_name, BrokerRecord, TopicRecord};
 use crate::shard::Shard;
 
 /// Most partitions one topic may have.
 pub const PARTITIONS_MAX: i32 = 100_000;
 
 /// A topic to create.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct TopicSpec {
     pub name: String,
     /// -1: `num.partitions`.
@@ -49,6 +49,7 @@ pub async fn create_topics(
         .on_controller(move |shard| {
             async move {
                 let num_partitions = shard.config.num_partitions;
+                let default_rf = shard.config.default_replication_factor;
                 let mut results = Vec::with_capacity(specs.len());
                 let mut changed = false;
                 for spec in specs {
@@ -69,16 +70,25 @@ pub async fn create_topics(
                                 "Number of partitions must be between 1 and {PARTITIONS_MAX}, got {partitions}."
                             )));
                         }
-                        // One node: a replication factor above 1 cannot be met.
                         if spec.replication_factor == 0 || spec.replication_factor < -1 {
                             return Err(BrokerError::InvalidReplicationFactor(
                                 "Replication factor must be larger than 0, or -1 to use the default value.".into(),
                             ));
                         }
-                        if spec.replication_factor > 1 {
+                        let rf = if spec.replication_factor == -1 {
+                            default_rf
+                        } else {
+                            spec.replication_factor
+                        };
+                        let salt = c.state.topics.len();
+                        let replicas = assign_replicas(&c.state.brokers, 0, partitions, rf, salt)
+                            .map_err(BrokerError::InvalidReplicationFactor)?;
+                        // Partitions are not replicated yet (the Raft groups exist, the
+                        // partitions do not run on them): a factor that can be met but not
+                        // kept is refused rather than advertised.
+                        if rf > 1 {
                             return Err(BrokerError::InvalidReplicationFactor(format!(
-                                "Unable to replicate the partition {} time(s): The target replication factor of {} cannot be reached because only 1 broker(s) are registered.",
-                                spec.replication_factor, spec.replication_factor
+                                "Unable to replicate the partition {rf} time(s): ferrolog does not replicate partitions yet; use a replication factor of 1."
                             )));
                         }
                         validate_configs(&spec.configs)?;
@@ -89,6 +99,7 @@ pub async fn create_topics(
                                 id,
                                 partitions,
                                 configs: spec.configs.clone(),
+                                replicas,
                             });
                         }
                         Ok((id, partitions))
@@ -109,6 +120,37 @@ pub async fn create_topics(
             .boxed_local()
         })
         .await
+}
+
+/// Creates topics on behalf of the broker itself (auto-creation, `__consumer_offsets`):
+/// here when this node is the controller, otherwise forwarded to the controller leader, as
+/// Kafka brokers forward such requests. Waits (briefly) until the local image has them.
+pub async fn create_topics_anywhere(
+    shard: &Rc<Shard>,
+    specs: Vec<TopicSpec>,
+) -> Vec<Result<(), BrokerError>> {
+    let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
+    let local = create_topics(shard, specs.clone(), false).await;
+    let results: Vec<Result<(), BrokerError>> = if local
+        .iter()
+        .any(|r| matches!(r, Err(BrokerError::NotController)))
+    {
+        crate::quorum::forward_create_topics(shard, specs).await
+    } else {
+        local.into_iter().map(|r| r.map(|_| ())).collect()
+    };
+    for _ in 0..40 {
+        let image = shard.image();
+        let missing = names
+            .iter()
+            .zip(&results)
+            .any(|(n, r)| r.is_ok() && image.topic(n).is_none());
+        if !missing {
+            break;
+        }
+        glommio::timer::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    results
 }
 
 /// Deletes topics by name; returns per topic its id.
@@ -157,7 +199,7 @@ pub async fn create_partitions(
     count: i32,
     validate_only: bool,
 ) -> Result<(), BrokerError> {
-    change_topic(shard, name, validate_only, move |t| {
+    change_topic(shard, name, validate_only, move |t, brokers| {
         if count < t.partitions {
             return Err(BrokerError::InvalidPartitions(format!(
                 "Topic currently has {} partitions, which is higher than the requested {count}.",
@@ -175,6 +217,11 @@ pub async fn create_partitions(
                 "Number of partitions must be at most {PARTITIONS_MAX}."
             )));
         }
+        // New partitions get as many replicas as the first one has.
+        let rf = t.replicas.first().map_or(1, |r| r.len()) as i16;
+        let added = assign_replicas(brokers, t.partitions, count - t.partitions, rf, 0)
+            .map_err(BrokerError::InvalidReplicationFactor)?;
+        t.replicas.extend(added);
         t.partitions = count;
         Ok(())
     })
@@ -192,7 +239,7 @@ pub async fn alter_topic_configs(
     edit: ConfigEdit,
     validate_only: bool,
 ) -> Result<(), BrokerError> {
-    change_topic(shard, name, validate_only, move |t| {
+    change_topic(shard, name, validate_only, move |t, _| {
         edit(&mut t.configs)?;
         validate_configs(&t.configs)
     })
@@ -208,17 +255,20 @@ async fn change_topic<F>(
     change: F,
 ) -> Result<(), BrokerError>
 where
-    F: FnOnce(&mut TopicRecord) -> Result<(), BrokerError> + Send + 'static,
+    F: FnOnce(&mut TopicRecord, &BTreeMap<i32, BrokerRecord>) -> Result<(), BrokerError>
+        + Send
+        + 'static,
 {
     shard
         .on_controller(move |shard| {
             async move {
                 shard.with_controller(|c| {
+                    let brokers = c.state.brokers.clone();
                     let t = c
                         .topic_mut(&name)
                         .ok_or(BrokerError::UnknownTopicOrPartition)?;
                     let mut changed = t.clone();
-                    change(&mut changed)?;
+                    change(&mut changed, &brokers)?;
                     if !validate_only {
                         *t = changed;
                     }

@@ -1,4 +1,5 @@
-//! DescribeCluster (API 60): this node, as broker and controller.
+//! DescribeCluster (API 60): the cluster's brokers and its controller. Every node is both
+//! (KRaft's combined mode), so both endpoint types list the same nodes.
 
 use std::rc::Rc;
 
@@ -9,20 +10,33 @@ use kafka_protocol::protocol::StrBytes;
 use crate::kafka::RequestContext;
 
 pub fn handle(ctx: Rc<RequestContext>, req: DescribeClusterRequest) -> DescribeClusterResponse {
-    let config = &ctx.shard.config;
-    // endpoint_type 1 = brokers, 2 = controllers (KIP-919); this node is both.
+    // endpoint_type 1 = brokers, 2 = controllers (KIP-919).
     let endpoint_type = if req.endpoint_type == 0 {
         1
     } else {
         req.endpoint_type
     };
+    let image = ctx.shard.image();
+    let controller = ctx
+        .shard
+        .cluster
+        .controller_id
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let brokers = image
+        .brokers
+        .iter()
+        .filter(|(_, b)| !b.fenced)
+        .map(|(id, b)| {
+            DescribeClusterBroker::default()
+                .with_broker_id(BrokerId(*id))
+                .with_host(StrBytes::from_string(b.host.clone()))
+                .with_port(i32::from(b.port))
+        })
+        .collect();
     DescribeClusterResponse::default()
         .with_endpoint_type(endpoint_type)
-        .with_cluster_id(StrBytes::from_string(ctx.shard.image().cluster_id.clone()))
-        .with_controller_id(BrokerId(config.node_id))
+        .with_cluster_id(StrBytes::from_string(image.cluster_id.clone()))
+        .with_controller_id(BrokerId(controller))
         .with_cluster_authorized_operations(i32::MIN)
-        .with_brokers(vec![DescribeClusterBroker::default()
-            .with_broker_id(BrokerId(config.node_id))
-            .with_host(StrBytes::from_string(config.advertised_host.clone()))
-            .with_port(i32::from(config.advertised_port))])
+        .with_brokers(brokers)
 }

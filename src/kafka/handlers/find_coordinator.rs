@@ -1,6 +1,7 @@
-//! FindCoordinator (API 10): this node coordinates every group (one-node cluster). The first
-//! group lookup creates `__consumer_offsets` with `offsets.topic.num.partitions` partitions,
-//! compacted, as Kafka does. v4+ looks up many keys at once.
+//! FindCoordinator (API 10): a group's coordinator is the node leading its
+//! `__consumer_offsets` partition. The first group lookup creates the topic (through the
+//! controller) with `offsets.topic.num.partitions` partitions, compacted, as Kafka does.
+//! v4+ looks up many keys at once.
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
@@ -10,7 +11,7 @@ use kafka_protocol::messages::{BrokerId, FindCoordinatorRequest, FindCoordinator
 use kafka_protocol::protocol::StrBytes;
 
 use crate::errors::BrokerError;
-use crate::group::OFFSETS_TOPIC;
+use crate::group::{partition_for, OFFSETS_TOPIC};
 use crate::kafka::handlers::admin::{self, TopicSpec};
 use crate::kafka::RequestContext;
 
@@ -35,34 +36,54 @@ pub async fn handle(
             "Unsupported key type {other}"
         ))),
     };
-    let config = &ctx.shard.config;
-    let node = BrokerId(config.node_id);
-    let host = StrBytes::from_string(config.advertised_host.clone());
-    let port = i32::from(config.advertised_port);
-    let (error_code, message) = match &found {
-        Ok(()) => (0, None),
-        Err(e) => (e.code(), Some(StrBytes::from_string(e.to_string()))),
+    // Each group's coordinator is the leader of its `__consumer_offsets` partition.
+    let image = ctx.shard.image();
+    let locate = |key: &StrBytes| -> Result<(i32, StrBytes, i32), BrokerError> {
+        found.clone()?;
+        let topic = image
+            .topic(OFFSETS_TOPIC)
+            .ok_or_else(|| BrokerError::CoordinatorNotAvailable("no offsets topic".into()))?;
+        let partition = partition_for(key.as_str(), topic.partitions);
+        let leader = topic.leader(partition, &image).ok_or_else(|| {
+            BrokerError::CoordinatorNotAvailable(format!(
+                "the leader of {OFFSETS_TOPIC}-{partition} is not available"
+            ))
+        })?;
+        let broker = &image.brokers[&leader];
+        Ok((
+            leader,
+            StrBytes::from_string(broker.host.clone()),
+            i32::from(broker.port),
+        ))
     };
-    let (node, host, port) = if found.is_ok() {
-        (node, host, port)
-    } else {
-        (BrokerId(-1), StrBytes::default(), -1)
+    let answer = |key: &StrBytes| match locate(key) {
+        Ok((node, host, port)) => (0, None, BrokerId(node), host, port),
+        Err(e) => (
+            e.code(),
+            Some(StrBytes::from_string(e.to_string())),
+            BrokerId(-1),
+            StrBytes::default(),
+            -1,
+        ),
     };
     if ctx.version >= 4 {
         let coordinators = keys
             .into_iter()
             .map(|key| {
+                let (error_code, message, node, host, port) = answer(&key);
                 Coordinator::default()
                     .with_key(key)
                     .with_node_id(node)
-                    .with_host(host.clone())
+                    .with_host(host)
                     .with_port(port)
                     .with_error_code(error_code)
-                    .with_error_message(message.clone())
+                    .with_error_message(message)
             })
             .collect();
         return FindCoordinatorResponse::default().with_coordinators(coordinators);
     }
+    let key = keys.into_iter().next().unwrap_or_default();
+    let (error_code, message, node, host, port) = answer(&key);
     FindCoordinatorResponse::default()
         .with_error_code(error_code)
         .with_error_message(message)
@@ -91,7 +112,7 @@ async fn ensure_offsets_topic(ctx: &RequestContext) -> Result<(), BrokerError> {
         replication_factor: -1,
         configs,
     };
-    match admin::create_topics(&ctx.shard, vec![spec], false)
+    match admin::create_topics_anywhere(&ctx.shard, vec![spec])
         .await
         .remove(0)
     {

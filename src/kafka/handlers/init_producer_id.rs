@@ -21,9 +21,12 @@ pub async fn handle(ctx: Rc<RequestContext>, req: InitProducerIdRequest) -> Init
         .shard
         .on_controller(|shard| {
             async move {
-                let (id, persist) = shard.with_controller(|c| c.next_producer_id());
-                if persist {
-                    let (path, bytes) = shard.with_controller(|c| c.snapshot());
+                let ids = shard
+                    .producer_ids
+                    .as_ref()
+                    .expect("producer ids live on shard 0");
+                let (id, persist) = ids.borrow_mut().allocate();
+                if let Some((path, bytes)) = persist {
                     ferrolog_io::write_file(&path, bytes)
                         .await
                         .map_err(|e| e.to_string())?;

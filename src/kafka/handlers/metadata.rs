@@ -1,5 +1,6 @@
-//! Metadata (API 3): this broker, and topics with their partitions (this node leads them
-//! all), creating missing topics when `auto.create.topics.enable` and the client allow it.
+//! Metadata (API 3): the live brokers of the cluster, the controller, and topics with each
+//! partition's leader and replicas, creating missing topics (through the controller) when
+//! `auto.create.topics.enable` and the client allow it.
 
 use std::rc::Rc;
 
@@ -18,7 +19,6 @@ use crate::partition::LEADER_EPOCH;
 
 pub async fn handle(ctx: Rc<RequestContext>, req: MetadataRequest) -> MetadataResponse {
     let config = ctx.shard.config.clone();
-    let node = BrokerId(config.node_id);
     let mut image = ctx.shard.image();
     let wanted: Option<Vec<(Option<String>, uuid::Uuid)>> = req.topics.map(|ts| {
         ts.into_iter()
@@ -40,7 +40,7 @@ pub async fn handle(ctx: Rc<RequestContext>, req: MetadataRequest) -> MetadataRe
             })
             .collect();
         if allow && config.auto_create_topics && !missing.is_empty() {
-            for (r, spec) in admin::create_topics(&ctx.shard, missing.clone(), false)
+            for (r, spec) in admin::create_topics_anywhere(&ctx.shard, missing.clone())
                 .await
                 .iter()
                 .zip(&missing)
@@ -57,12 +57,28 @@ pub async fn handle(ctx: Rc<RequestContext>, req: MetadataRequest) -> MetadataRe
     let describe = |t: &TopicMeta| -> MetadataResponseTopic {
         let partitions = (0..t.partitions)
             .map(|p| {
-                MetadataResponsePartition::default()
+                let replicas = t.replicas.get(p as usize).cloned().unwrap_or_default();
+                let live = |id: &i32| image.brokers.get(id).is_some_and(|b| !b.fenced);
+                let leader = t.leader(p, &image);
+                let partition = MetadataResponsePartition::default()
                     .with_partition_index(p)
-                    .with_leader_id(node)
+                    .with_leader_id(BrokerId(leader.unwrap_or(-1)))
                     .with_leader_epoch(LEADER_EPOCH)
-                    .with_replica_nodes(vec![node])
-                    .with_isr_nodes(vec![node])
+                    .with_replica_nodes(replicas.iter().map(|r| BrokerId(*r)).collect())
+                    // One replica per partition until partitions replicate: the ISR is the
+                    // leader when it is alive.
+                    .with_isr_nodes(leader.map(BrokerId).into_iter().collect())
+                    .with_offline_replicas(
+                        replicas
+                            .iter()
+                            .filter(|r| !live(r))
+                            .map(|r| BrokerId(*r))
+                            .collect(),
+                    );
+                match leader {
+                    Some(_) => partition,
+                    None => partition.with_error_code(BrokerError::LeaderNotAvailable.code()),
+                }
             })
             .collect();
         MetadataResponseTopic::default()
@@ -100,13 +116,26 @@ pub async fn handle(ctx: Rc<RequestContext>, req: MetadataRequest) -> MetadataRe
             })
             .collect(),
     };
+    let brokers = image
+        .brokers
+        .iter()
+        .filter(|(_, b)| !b.fenced)
+        .map(|(id, b)| {
+            MetadataResponseBroker::default()
+                .with_node_id(BrokerId(*id))
+                .with_host(StrBytes::from_string(b.host.clone()))
+                .with_port(i32::from(b.port))
+        })
+        .collect();
+    let controller = ctx
+        .shard
+        .cluster
+        .controller_id
+        .load(std::sync::atomic::Ordering::Relaxed);
     MetadataResponse::default()
-        .with_brokers(vec![MetadataResponseBroker::default()
-            .with_node_id(node)
-            .with_host(StrBytes::from_string(config.advertised_host.clone()))
-            .with_port(i32::from(config.advertised_port))])
+        .with_brokers(brokers)
         .with_cluster_id(Some(StrBytes::from_string(image.cluster_id.clone())))
-        .with_controller_id(node)
+        .with_controller_id(BrokerId(controller))
         .with_cluster_authorized_operations(i32::MIN)
         .with_topics(topics)
 }

@@ -1,0 +1,506 @@
+//! The controller quorum: cluster metadata in Raft group 0 (KRaft's role), on shard 0 of
+//! every node.
+//!
+//! Every node is a voter (`controller.quorum.voters`, KRaft's combined mode). Without that
+//! config a node is a one-voter quorum of itself with no Raft port, and nothing else changes.
+//! The log lives in `<log.dirs>/__cluster_metadata-0`; each entry is one record batch whose
+//! record holds the whole `ClusterState` after a change (metadata is small: topics, their
+//! replica assignments and configs, and the registered brokers).
+//!
+//! Writes: only the leader changes metadata, and only once it has applied everything before
+//! its term ("ready"). It changes its working copy under the controller lock and proposes
+//! it; a failed proposal resets the copy to the applied state. Other nodes answer admin
+//! requests with NOT_CONTROLLER (clients retry at Metadata's controller id), and forward
+//! their broker registration to the leader.
+//!
+//! Every node applies committed entries (the apply hook) and publishes the new image to its
+//! shards. The commit point is persisted, so a restarted node serves its last committed
+//! metadata at once, before any election.
+//!
+//! Liveness: the leader fences a broker whose Raft heartbeats it has not had acknowledged for
+//! `broker.session.timeout.ms`, and unfences it when they come back.
+
+use std::collections::BTreeMap;
+use std::rc::{Rc, Weak};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ferrolog_io::batch::{self, BatchHeader};
+use ferrolog_io::LogConfig;
+use ferrolog_raft::async_runtime::watch::WatchReceiver;
+use ferrolog_raft::entry::{Batch, Entry};
+use ferrolog_raft::network::{GroupRaft, Transport};
+use ferrolog_raft::state_machine::PartitionStateMachine;
+use ferrolog_raft::store::LogStore;
+use ferrolog_raft::wire::GroupId;
+use ferrolog_raft::{openraft, GlommioRuntime};
+use futures::FutureExt;
+use openraft::storage::{RaftLogReader, RaftLogStorage};
+use openraft::{AsyncRuntime, BasicNode, EntryPayload, Raft};
+use serde::{Deserialize, Serialize};
+
+use crate::errors::BrokerError;
+use crate::group::codec;
+use crate::kafka::handlers::admin::{create_topics, TopicSpec};
+use crate::metadata::{BrokerRecord, ClusterState};
+use crate::shard::Shard;
+use crate::types::now_ms;
+
+/// Group 0 is the controller; partition groups use other ids.
+pub const CONTROLLER_GROUP: GroupId = GroupId(0);
+/// Directory of the controller's log, under `log.dirs` (Kafka's name for it).
+const METADATA_DIR: &str = "__cluster_metadata-0";
+/// Key of the one record in each metadata entry.
+const STATE_KEY: &[u8] = b"cluster-state";
+/// How often the controller loop looks at leadership, registration and liveness.
+const TICK: Duration = Duration::from_millis(200);
+/// How long a proposal may wait for its commit.
+const PROPOSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A request a node forwards to the controller leader.
+#[derive(Debug, Serialize, Deserialize)]
+enum Forwarded {
+    RegisterBroker {
+        id: i32,
+        host: String,
+        port: u16,
+    },
+    /// Topics the broker creates for itself (auto-creation, `__consumer_offsets`).
+    CreateTopics(Vec<TopicSpec>),
+}
+
+/// The controller's answer to a forwarded CreateTopics: per topic, `None` or the Kafka
+/// error code and message.
+type CreateTopicsReply = Vec<Option<(i16, String)>>;
+
+/// Sends `specs` to the controller leader for creation.
+pub async fn forward_create_topics(
+    shard: &Rc<Shard>,
+    specs: Vec<TopicSpec>,
+) -> Vec<Result<(), BrokerError>> {
+    let n = specs.len();
+    let payload =
+        Bytes::from(serde_json::to_vec(&Forwarded::CreateTopics(specs)).expect("serialises"));
+    let reply = shard
+        .on_controller(move |shard| {
+            async move {
+                let quorum = shard
+                    .quorum()
+                    .ok_or("the controller quorum is not running")?;
+                let leader = quorum.leader().ok_or("no controller leader")?;
+                let addr = shard
+                    .config
+                    .voters
+                    .get(&leader)
+                    .ok_or("the controller leader is not a configured voter")?
+                    .to_string();
+                quorum
+                    .transport
+                    .forward(leader as u64, &addr, payload, PROPOSE_TIMEOUT)
+                    .await
+            }
+            .boxed_local()
+        })
+        .await;
+    let decoded = reply.and_then(|bytes| {
+        serde_json::from_slice::<CreateTopicsReply>(&bytes).map_err(|e| e.to_string())
+    });
+    match decoded {
+        Ok(results) if results.len() == n => results
+            .into_iter()
+            .map(|r| match r {
+                None => Ok(()),
+                Some((36, m)) => Err(BrokerError::TopicAlreadyExists(m)),
+                Some((41, _)) => Err(BrokerError::NotController),
+                Some((_, m)) => Err(BrokerError::RequestTimedOut(m)),
+            })
+            .collect(),
+        Ok(_) => (0..n)
+            .map(|_| {
+                Err(BrokerError::RequestTimedOut(
+                    "bad reply from the controller".into(),
+                ))
+            })
+            .collect(),
+        Err(e) => (0..n)
+            .map(|_| {
+                Err(BrokerError::RequestTimedOut(format!(
+                    "forwarding to the controller: {e}"
+                )))
+            })
+            .collect(),
+    }
+}
+
+pub struct Quorum {
+    pub raft: GroupRaft,
+    pub transport: Rc<Transport>,
+    node_id: i32,
+}
+
+fn raft_config() -> Arc<openraft::Config> {
+    let config = openraft::Config {
+        cluster_name: "ferrolog".into(),
+        heartbeat_interval: 150,
+        election_timeout_min: 1000,
+        election_timeout_max: 2000,
+        // Snapshots carry no data (the log is the state), so the log must never be purged.
+        snapshot_policy: openraft::SnapshotPolicy::Never,
+        ..openraft::Config::default()
+    };
+    Arc::new(config.validate().expect("valid controller Raft config"))
+}
+
+fn members(shard: &Shard) -> BTreeMap<u64, BasicNode> {
+    let config = &shard.config;
+    if config.voters.is_empty() {
+        return BTreeMap::from([(config.node_id as u64, BasicNode::new(""))]);
+    }
+    config
+        .voters
+        .iter()
+        .map(|(id, addr)| (*id as u64, BasicNode::new(addr.to_string())))
+        .collect()
+}
+
+impl Quorum {
+    /// Opens the controller log and starts the group on shard 0. Applied states reach the
+    /// shards through `Shard::controller_applied`.
+    pub async fn start(shard: &Rc<Shard>) -> anyhow::Result<Rc<Quorum>> {
+        let config = &shard.config;
+        let node_id = config.node_id;
+        let dir = config.log_dir.join(METADATA_DIR);
+        let log_config = LogConfig {
+            segment_bytes: 64 << 20,
+            preallocate_bytes: 1 << 20,
+            ..LogConfig::default()
+        };
+        let mut store = LogStore::open(&dir, log_config, Rc::new(now_ms))
+            .await
+            .map_err(|e| anyhow::anyhow!("opening {}: {e}", dir.display()))?
+            .persist_committed();
+        let fresh = store.get_log_state().await?.last_log_id.is_none()
+            && store.get_log_reader().await.read_vote().await?.is_none();
+        let weak: Weak<Shard> = Rc::downgrade(shard);
+        let hook = Box::new(move |entry: &Entry| {
+            let Some(state) = decode_entry(entry) else {
+                return;
+            };
+            if let Some(shard) = weak.upgrade() {
+                shard.controller_applied(state);
+            }
+        });
+        let transport = Transport::new();
+        if let Some(addr) = config.voters.get(&node_id) {
+            let listener = glommio::net::TcpListener::bind(addr)
+                .map_err(|e| anyhow::anyhow!("cannot listen for Raft traffic on {addr}: {e}"))?;
+            transport.serve(listener);
+            let weak = Rc::downgrade(shard);
+            transport.set_forward_handler(Rc::new(move |payload: Bytes| {
+                let shard = weak.upgrade();
+                async move {
+                    match shard {
+                        Some(shard) => serve_forwarded(&shard, &payload).await,
+                        None => Err("shutting down".to_string()),
+                    }
+                }
+                .boxed_local()
+            }));
+        }
+        let raft = Raft::new(
+            node_id as u64,
+            raft_config(),
+            transport.factory(CONTROLLER_GROUP),
+            store,
+            PartitionStateMachine::with_apply_hook(hook),
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("starting the controller quorum: {e}"))?;
+        transport.register(CONTROLLER_GROUP, raft.clone());
+        let voters = members(shard);
+        // The lowest voter of a new cluster starts it; the others join when it calls.
+        if fresh && voters.keys().next() == Some(&(node_id as u64)) {
+            raft.initialize(voters)
+                .await
+                .map_err(|e| anyhow::anyhow!("initializing the controller quorum: {e}"))?;
+            tracing::info!(node_id, "initialized a new cluster");
+        }
+        let quorum = Rc::new(Quorum {
+            raft,
+            transport,
+            node_id,
+        });
+        glommio::spawn_local(controller_loop(Rc::downgrade(shard), quorum.clone())).detach();
+        Ok(quorum)
+    }
+
+    /// This node leads the quorum and has applied every entry of earlier terms.
+    pub fn is_ready_leader(&self) -> bool {
+        let m = self.raft.metrics().borrow_watched().clone();
+        m.current_leader == Some(self.node_id as u64)
+            && m.last_applied.map(|l| l.leader_id.term) == Some(m.current_term)
+    }
+
+    /// The node the quorum follows, if any.
+    pub fn leader(&self) -> Option<i32> {
+        let leader = self.raft.metrics().borrow_watched().current_leader;
+        leader.map(|l| l as i32)
+    }
+
+    /// Commits `state` as the new cluster metadata; on success it has been applied here.
+    pub async fn propose(&self, state: &ClusterState) -> Result<(), BrokerError> {
+        if !self.is_ready_leader() {
+            return Err(BrokerError::NotController);
+        }
+        let value = serde_json::to_vec(state).expect("cluster state serialises");
+        let batch = codec::encode_key_value_batch(&[(STATE_KEY, Some(&value[..]))], now_ms());
+        match GlommioRuntime::timeout(PROPOSE_TIMEOUT, self.raft.client_write(Batch(batch))).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) if e.forward_to_leader().is_some() => Err(BrokerError::NotController),
+            Ok(Err(e)) => Err(BrokerError::RequestTimedOut(format!(
+                "metadata change failed: {e}"
+            ))),
+            Err(_) => Err(BrokerError::RequestTimedOut(
+                "metadata change not committed in time (no quorum?)".into(),
+            )),
+        }
+    }
+
+    /// Closes the Raft port and connections.
+    pub fn shutdown(&self) {
+        self.transport.shutdown();
+    }
+}
+
+/// The state in a committed metadata entry; `None` for Raft's own entries.
+fn decode_entry(entry: &Entry) -> Option<ClusterState> {
+    let EntryPayload::Normal(Batch(bytes)) = &entry.payload else {
+        return None;
+    };
+    let decoded = BatchHeader::parse(bytes)
+        .map_err(|e| e.to_string())
+        .and_then(|header| {
+            batch::verify(bytes).map_err(|e| e.to_string())?;
+            let mut state = None;
+            codec::decode_key_value_batch(&header, bytes, |key, value| {
+                if key == STATE_KEY {
+                    state = value.map(serde_json::from_slice::<ClusterState>);
+                }
+            })
+            .map_err(|e| e.to_string())?;
+            match state {
+                Some(Ok(s)) => Ok(s),
+                Some(Err(e)) => Err(e.to_string()),
+                None => Err("no cluster state record".into()),
+            }
+        });
+    match decoded {
+        Ok(state) => Some(state),
+        Err(e) => {
+            // A committed entry that does not decode is damage or a bug: keep serving the
+            // last good metadata and say exactly which entry it was.
+            tracing::error!(index = entry.log_id.index, error = %e, "controller log entry does not decode; ignored");
+            None
+        }
+    }
+}
+
+/// The controller leader's side of a forwarded request.
+async fn serve_forwarded(shard: &Rc<Shard>, payload: &[u8]) -> Result<Bytes, String> {
+    let request: Forwarded =
+        serde_json::from_slice(payload).map_err(|e| format!("bad request: {e}"))?;
+    match request {
+        Forwarded::RegisterBroker { id, host, port } => {
+            register(
+                shard,
+                id,
+                BrokerRecord {
+                    host,
+                    port,
+                    fenced: false,
+                },
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+            Ok(Bytes::new())
+        }
+        Forwarded::CreateTopics(specs) => {
+            let results: CreateTopicsReply = create_topics(shard, specs, false)
+                .await
+                .into_iter()
+                .map(|r| r.err().map(|e| (e.code(), e.to_string())))
+                .collect();
+            Ok(Bytes::from(
+                serde_json::to_vec(&results).expect("serialises"),
+            ))
+        }
+    }
+}
+
+/// Sets broker `id`'s record, as the controller leader.
+async fn register(shard: &Rc<Shard>, id: i32, record: BrokerRecord) -> Result<(), BrokerError> {
+    shard
+        .on_controller(move |shard| {
+            async move {
+                let changed = shard.with_controller(|c| {
+                    if c.state.brokers.get(&id) == Some(&record) {
+                        return false;
+                    }
+                    c.state.brokers.insert(id, record);
+                    true
+                });
+                if changed {
+                    shard.commit_metadata().await?;
+                    tracing::info!(broker = id, "registered broker");
+                }
+                Ok(())
+            }
+            .boxed_local()
+        })
+        .await
+}
+
+/// Leadership, first state, registration and liveness, every `TICK` on shard 0.
+async fn controller_loop(shard: Weak<Shard>, quorum: Rc<Quorum>) {
+    let mut last_forward = Instant::now() - Duration::from_secs(10);
+    // Since when this node has led: heartbeat acks only mean something after a session.
+    let mut leading_since: Option<Instant> = None;
+    loop {
+        glommio::timer::sleep(TICK).await;
+        let Some(shard) = shard.upgrade() else {
+            return;
+        };
+        let leader = quorum.leader();
+        shard
+            .cluster
+            .controller_id
+            .store(leader.unwrap_or(-1), Ordering::Relaxed);
+        let me = BrokerRecord {
+            host: shard.config.advertised_host.clone(),
+            port: shard.config.advertised_port,
+            fenced: false,
+        };
+        let applied = shard.with_controller(|c| c.applied().cloned());
+        if !quorum.is_ready_leader() {
+            leading_since = None;
+        }
+        if quorum.is_ready_leader() {
+            let since = *leading_since.get_or_insert_with(Instant::now);
+            if applied.is_none() {
+                let result = shard
+                    .on_controller(|shard| {
+                        async move {
+                            if shard.with_controller(|c| c.applied().is_some()) {
+                                return Ok(());
+                            }
+                            let node_id = shard.config.node_id;
+                            let me = BrokerRecord {
+                                host: shard.config.advertised_host.clone(),
+                                port: shard.config.advertised_port,
+                                fenced: false,
+                            };
+                            shard.with_controller(|c| c.state = c.initial_state(node_id, me));
+                            shard.commit_metadata().await
+                        }
+                        .boxed_local()
+                    })
+                    .await;
+                if let Err(e) = result {
+                    tracing::warn!(error = %e, "could not commit the first cluster state");
+                }
+                continue;
+            }
+            if applied
+                .as_ref()
+                .and_then(|s| s.brokers.get(&quorum.node_id))
+                != Some(&me)
+            {
+                if let Err(e) = register(&shard, quorum.node_id, me).await {
+                    tracing::warn!(error = %e, "could not register this broker");
+                }
+                continue;
+            }
+            let session = Duration::from_millis(shard.config.broker_session_timeout_ms as u64);
+            if since.elapsed() >= session {
+                if let Err(e) = fence_silent_brokers(&shard, &quorum).await {
+                    tracing::warn!(error = %e, "could not update broker liveness");
+                }
+            }
+        } else if let (Some(state), Some(leader)) = (&applied, leader) {
+            let registered = state.brokers.get(&quorum.node_id) == Some(&me);
+            if !registered
+                && leader != quorum.node_id
+                && last_forward.elapsed() > Duration::from_secs(1)
+            {
+                last_forward = Instant::now();
+                let Some(addr) = shard.config.voters.get(&leader) else {
+                    continue;
+                };
+                let request = Forwarded::RegisterBroker {
+                    id: quorum.node_id,
+                    host: me.host.clone(),
+                    port: me.port,
+                };
+                let payload = Bytes::from(serde_json::to_vec(&request).expect("serialises"));
+                if let Err(e) = quorum
+                    .transport
+                    .forward(
+                        leader as u64,
+                        &addr.to_string(),
+                        payload,
+                        Duration::from_secs(5),
+                    )
+                    .await
+                {
+                    tracing::info!(leader, error = %e, "registration with the controller failed; retrying");
+                }
+            }
+        }
+    }
+}
+
+/// Fences brokers whose heartbeats the leader has not had acknowledged within
+/// `broker.session.timeout.ms`, unfences those that answer again.
+async fn fence_silent_brokers(shard: &Rc<Shard>, quorum: &Rc<Quorum>) -> Result<(), BrokerError> {
+    let heartbeats = quorum.raft.metrics().borrow_watched().heartbeat.clone();
+    let Some(heartbeats) = heartbeats else {
+        return Ok(());
+    };
+    let timeout = Duration::from_millis(shard.config.broker_session_timeout_ms as u64);
+    let node_id = quorum.node_id;
+    shard
+        .on_controller(move |shard| {
+            async move {
+                let changed = shard.with_controller(|c| {
+                    let mut changed = false;
+                    for (id, broker) in c.state.brokers.iter_mut() {
+                        if *id == node_id {
+                            continue;
+                        }
+                        let alive = heartbeats
+                            .get(&(*id as u64))
+                            .and_then(|t| t.as_ref())
+                            .is_some_and(|t| t.elapsed() < timeout);
+                        if broker.fenced == alive {
+                            broker.fenced = !alive;
+                            changed = true;
+                            tracing::info!(
+                                broker = id,
+                                fenced = broker.fenced,
+                                "broker liveness changed"
+                            );
+                        }
+                    }
+                    changed
+                });
+                if changed {
+                    shard.commit_metadata().await?;
+                }
+                Ok(())
+            }
+            .boxed_local()
+        })
+        .await
+}

@@ -45,6 +45,9 @@ pub struct BrokerConfig {
     /// voter of the controller quorum (Raft group 0), with the address it serves Raft traffic
     /// on. Empty (the default): a cluster of this node alone, with no Raft port.
     pub voters: BTreeMap<i32, SocketAddr>,
+    /// `replica.lag.time.max.ms` (default 30000): a follower whose log has not reached the
+    /// leader's end for this long leaves the ISR.
+    pub replica_lag_time_max_ms: u64,
     /// `broker.session.timeout.ms` (default 9000): a node the controller has not heard from
     /// for this long is fenced, and leaves Metadata until it is back.
     pub broker_session_timeout_ms: i64,
@@ -534,6 +537,7 @@ impl Default for BrokerConfig {
             topic_defaults,
             group: GroupConfig::default(),
             voters: BTreeMap::new(),
+            replica_lag_time_max_ms: 30_000,
             broker_session_timeout_ms: 9000,
         }
     }
@@ -765,6 +769,9 @@ impl BrokerConfig {
                     _ => bail!("{key}={v}: expected disabled, upgrade, downgrade or bidirectional"),
                 },
                 "controller.quorum.voters" => self.voters = parse_voters(v, key)?,
+                "replica.lag.time.max.ms" => {
+                    self.replica_lag_time_max_ms = int(1, i64::from(i32::MAX))? as u64;
+                }
                 "broker.session.timeout.ms" => {
                     self.broker_session_timeout_ms = int(1, i64::from(i32::MAX))?;
                 }

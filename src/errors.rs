@@ -16,6 +16,10 @@ pub enum BrokerError {
     LeaderNotAvailable,
     #[error("This is not the correct controller for this cluster.")]
     NotController,
+    #[error("The leader epoch in the request is newer than the epoch on the broker.")]
+    UnknownLeaderEpoch,
+    #[error("The leader epoch in the request is older than the epoch on the broker.")]
+    FencedLeaderEpoch,
     #[error("{0}")]
     RequestTimedOut(String),
     #[error("{0}")]
@@ -138,6 +142,8 @@ pub fn kafka_error(e: &BrokerError) -> ResponseError {
         BrokerError::NotLeaderOrFollower => ResponseError::NotLeaderOrFollower,
         BrokerError::LeaderNotAvailable => ResponseError::LeaderNotAvailable,
         BrokerError::NotController => ResponseError::NotController,
+        BrokerError::UnknownLeaderEpoch => ResponseError::UnknownLeaderEpoch,
+        BrokerError::FencedLeaderEpoch => ResponseError::FencedLeaderEpoch,
         BrokerError::RequestTimedOut(_) => ResponseError::RequestTimedOut,
         BrokerError::InvalidTopic(_) => ResponseError::InvalidTopicException,
         BrokerError::TopicAlreadyExists(_) => ResponseError::TopicAlreadyExists,
@@ -230,6 +236,8 @@ mod tests {
             (BrokerError::NotLeaderOrFollower, 6),
             (BrokerError::LeaderNotAvailable, 5),
             (BrokerError::NotController, 41),
+            (BrokerError::UnknownLeaderEpoch, 75),
+            (BrokerError::FencedLeaderEpoch, 74),
             (BrokerError::RequestTimedOut(String::new()), 7),
             (BrokerError::CoordinatorLoadInProgress, 14),
             (BrokerError::CoordinatorNotAvailable(String::new()), 15),

@@ -17,5 +17,6 @@ pub mod partition;
 pub mod producer_state;
 pub mod quorum;
 pub mod records;
+pub mod replica;
 pub mod shard;
 pub mod types;

@@ -67,6 +67,20 @@ pub struct BrokerRecord {
     pub fenced: bool,
 }
 
+/// Who leads a replicated partition, as its leader last reported it (Kafka's
+/// LeaderAndIsr): the Raft leader, its term as the leader epoch, and the ISR.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaderRecord {
+    pub leader: i32,
+    pub epoch: i32,
+    pub isr: Vec<i32>,
+}
+
+/// Key of a partition in `ClusterState::leaders`.
+pub fn partition_key(topic_id: &Uuid, partition: i32) -> String {
+    format!("{topic_id}:{partition}")
+}
+
 /// The cluster metadata: each entry of the controller's Raft log holds the whole of it
 /// (formerly `cluster.json`, which a new quorum still imports).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,6 +92,9 @@ pub struct ClusterState {
     pub topics: Vec<TopicRecord>,
     #[serde(default)]
     pub brokers: BTreeMap<i32, BrokerRecord>,
+    /// Leaders of replicated partitions, by `partition_key`.
+    #[serde(default)]
+    pub leaders: BTreeMap<String, LeaderRecord>,
 }
 
 /// A topic as shards see it.
@@ -93,14 +110,29 @@ pub struct TopicMeta {
 }
 
 impl TopicMeta {
-    /// The node that leads `partition`: its first replica, if that node is not fenced.
+    /// Leader, leader epoch and ISR of `partition`. One replica: that node, epoch 0. More:
+    /// what the Raft leader last reported. `None` when the leader is unknown or fenced.
+    pub fn leadership(&self, partition: i32, image: &MetadataImage) -> Option<LeaderRecord> {
+        let replicas = self.replicas.get(partition as usize)?;
+        let record = if replicas.len() == 1 {
+            LeaderRecord {
+                leader: replicas[0],
+                epoch: 0,
+                isr: vec![replicas[0]],
+            }
+        } else {
+            image
+                .leaders
+                .get(&partition_key(&self.id, partition))?
+                .clone()
+        };
+        let alive = image.brokers.get(&record.leader).is_some_and(|b| !b.fenced);
+        alive.then_some(record)
+    }
+
+    /// The node that leads `partition`, if known and not fenced.
     pub fn leader(&self, partition: i32, image: &MetadataImage) -> Option<i32> {
-        let first = *self.replicas.get(partition as usize)?.first()?;
-        image
-            .brokers
-            .get(&first)
-            .filter(|b| !b.fenced)
-            .map(|_| first)
+        self.leadership(partition, image).map(|l| l.leader)
     }
 }
 
@@ -113,6 +145,8 @@ pub struct MetadataImage {
     pub topic_ids: HashMap<Uuid, String>,
     /// Registered nodes, fenced ones included.
     pub brokers: BTreeMap<i32, BrokerRecord>,
+    /// Leaders of replicated partitions, by `partition_key`.
+    pub leaders: BTreeMap<String, LeaderRecord>,
 }
 
 impl MetadataImage {
@@ -195,6 +229,7 @@ impl Controller {
                 next_producer_id: 0,
                 topics: Vec::new(),
                 brokers: BTreeMap::new(),
+                leaders: BTreeMap::new(),
             },
             applied: None,
             legacy,
@@ -221,6 +256,7 @@ impl Controller {
                 next_producer_id: 0,
                 topics: Vec::new(),
                 brokers: BTreeMap::new(),
+                leaders: BTreeMap::new(),
             },
         };
         state.brokers.insert(node_id, me);
@@ -274,6 +310,7 @@ impl Controller {
             topics,
             topic_ids,
             brokers: self.state.brokers.clone(),
+            leaders: self.state.leaders.clone(),
         }
     }
 

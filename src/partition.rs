@@ -1,13 +1,18 @@
 //! One partition on the shard that owns it: its log, its idempotent-producer state, and the
 //! Kafka rules for appending and reading (validation, offsets, HW).
 //!
-//! Single node: the leader epoch is 0 and the high watermark is the durable (fsynced) log end,
-//! which is what Raft's commit index will be with one member. Everything here runs on the
-//! owning shard; `append` is synchronous so appends keep the order requests arrived in.
+//! Unreplicated (one replica): the leader epoch is 0 and the high watermark is the durable
+//! (fsynced) log end, which is what Raft's commit index is with one member; appends go
+//! straight to the log. Replicated: appends go through the partition's Raft group
+//! (`replica`), and HW and epoch come from it. Everything here runs on the owning shard;
+//! the synchronous part of `append` runs in the order requests arrived in.
 
 use std::cell::RefCell;
 use std::path::Path;
 use std::rc::Rc;
+
+use futures::future::LocalBoxFuture;
+use futures::FutureExt;
 
 use bytes::{Bytes, BytesMut};
 use ferrolog_io::batch::{self, BatchError, BatchHeader, ATTR_TIMESTAMP_LOG_APPEND};
@@ -18,6 +23,7 @@ use crate::config::TopicSettings;
 use crate::errors::BrokerError;
 use crate::producer_state::{ProducerStates, SequenceCheck};
 use crate::records::{self, RecordError, TimestampPolicy};
+use crate::replica::Replica;
 
 /// The leader epoch of every partition until replication brings Raft terms.
 pub const LEADER_EPOCH: i32 = 0;
@@ -36,6 +42,32 @@ pub struct Appended {
     pub duplicate: bool,
 }
 
+/// What `append` did with a batch.
+pub enum AppendStep {
+    /// Appended to the local log (unreplicated): wait for durability as acks asks.
+    Local(Appended),
+    /// Proposed to the Raft group (replicated): resolves once committed.
+    Replicated(LocalBoxFuture<'static, Result<Appended, BrokerError>>),
+}
+
+impl AppendStep {
+    /// Waits until the batch counts as written: committed when replicated; fsynced when
+    /// unreplicated and `durable` (acks=all).
+    pub async fn finish(self, log: &Log, durable: bool) -> Result<Appended, BrokerError> {
+        match self {
+            AppendStep::Local(appended) => {
+                if durable {
+                    log.wait_durable(appended.end_offset)
+                        .await
+                        .map_err(|e| BrokerError::Storage(e.to_string()))?;
+                }
+                Ok(appended)
+            }
+            AppendStep::Replicated(commit) => commit.await,
+        }
+    }
+}
+
 /// A fetch result for one partition.
 #[derive(Debug, Clone)]
 pub struct ReadResult {
@@ -51,6 +83,8 @@ pub struct Partition {
     pub log: Rc<Log>,
     settings: RefCell<TopicSettings>,
     producers: RefCell<ProducerStates>,
+    /// The Raft group of a replicated partition.
+    pub replica: Option<Replica>,
 }
 
 impl Partition {
@@ -72,9 +106,94 @@ impl Partition {
             log,
             settings: RefCell::new(settings),
             producers: RefCell::new(ProducerStates::default()),
+            replica: None,
         };
         partition.rebuild_producer_state().await?;
         Ok(Rc::new(partition))
+    }
+
+    /// Opens a replicated partition: its log is the Raft log of `replica`'s group.
+    pub async fn open_replicated(
+        base_dir: &Path,
+        topic: &str,
+        topic_id: Uuid,
+        index: i32,
+        settings: TopicSettings,
+        open: impl FnOnce(
+            std::path::PathBuf,
+            ferrolog_io::LogConfig,
+        ) -> LocalBoxFuture<'static, std::io::Result<(Rc<Log>, Replica)>>,
+    ) -> Result<Rc<Partition>, LogError> {
+        let dir = base_dir.join(format!("{topic}-{index}"));
+        claim_directory(&dir, topic_id).await?;
+        let (log, replica) = open(dir, settings.log_config())
+            .await
+            .map_err(|e| LogError::Io(e.to_string()))?;
+        Ok(Rc::new(Partition {
+            topic: topic.to_string(),
+            topic_id,
+            index,
+            log,
+            settings: RefCell::new(settings),
+            // Rebuilt from the applied entries when this replica starts leading.
+            producers: RefCell::new(ProducerStates::default()),
+            replica: Some(replica),
+        }))
+    }
+
+    /// Kafka's leader epoch: the Raft term of a replicated partition, 0 otherwise.
+    pub fn leader_epoch(&self) -> i32 {
+        self.replica
+            .as_ref()
+            .map_or(LEADER_EPOCH, |r| r.leader_epoch())
+    }
+
+    /// Resolves the next time the HW may have moved.
+    pub fn hw_changed(&self) -> futures::channel::oneshot::Receiver<()> {
+        match &self.replica {
+            Some(r) => r.hw_changed(),
+            None => self.log.durable_changed(),
+        }
+    }
+
+    /// OffsetForLeaderEpoch on the leader: Kafka's fencing of the caller's current epoch,
+    /// then (largest epoch <= `requested`, offset after it), or (-1, -1) when unknown.
+    pub fn epoch_end_offset(
+        &self,
+        current_leader_epoch: i32,
+        requested: i32,
+    ) -> Result<(i32, i64), BrokerError> {
+        if !self.is_leader() {
+            return Err(BrokerError::NotLeaderOrFollower);
+        }
+        let epoch = self.leader_epoch();
+        if current_leader_epoch > epoch {
+            return Err(BrokerError::UnknownLeaderEpoch);
+        }
+        if current_leader_epoch >= 0 && current_leader_epoch < epoch {
+            return Err(BrokerError::FencedLeaderEpoch);
+        }
+        if requested == epoch {
+            return Ok((epoch, self.log.end_offset()));
+        }
+        match &self.replica {
+            Some(r) if requested < epoch => {
+                Ok(r.end_offset_for_epoch(requested).unwrap_or((-1, -1)))
+            }
+            _ => Ok((-1, -1)),
+        }
+    }
+
+    /// Whether this replica serves produce and consumer fetches.
+    pub fn is_leader(&self) -> bool {
+        self.replica.as_ref().is_none_or(|r| r.is_leader())
+    }
+
+    /// How many replicas are in sync (as the leader sees it).
+    pub fn in_sync_replicas(&self) -> usize {
+        self.replica
+            .as_ref()
+            .map_or(1, |r| r.in_sync_replicas().len())
     }
 
     /// Restores the producer state, so a producer that retries across a broker restart is
@@ -117,22 +236,28 @@ impl Partition {
         *self.settings.borrow_mut() = settings;
     }
 
-    /// HW: offset after the last committed (here: fsynced) batch.
+    /// HW: offset after the last committed batch (unreplicated: the last fsynced one).
     pub fn high_watermark(&self) -> i64 {
-        self.log.durable_offset()
+        match &self.replica {
+            Some(r) => r.high_watermark(),
+            None => self.log.durable_offset(),
+        }
     }
 
     /// Validates one produced batch and appends it. Synchronous: the caller awaits
     /// durability separately (`wait_durable`). `transactional_id` tells whether the request
     /// named one (Kafka checks it before it looks at transactional batches).
     pub fn append(
-        &self,
+        self: &Rc<Self>,
         records: &Bytes,
         transactional_id: bool,
         now_ms: i64,
-    ) -> Result<Appended, BrokerError> {
+    ) -> Result<AppendStep, BrokerError> {
         if let Some(e) = self.log.failure() {
             return Err(BrokerError::Storage(e.to_string()));
+        }
+        if let Some(replica) = &self.replica {
+            replica.ready(&self.producers)?;
         }
         let settings = self.settings.borrow().clone();
         // Kafka answers INVALID_RECORD for anything that is not one whole v2 batch, and
@@ -211,14 +336,27 @@ impl Partition {
                 base_offset,
                 timestamp,
             } => {
-                return Ok(Appended {
+                let appended = Appended {
                     base_offset,
                     end_offset: base_offset + i64::from(header.last_offset_delta) + 1,
                     // Kafka answers a duplicate with the stored batch's max timestamp, whatever
                     // the topic's timestamp type.
                     log_append_time_ms: timestamp,
                     duplicate: true,
-                });
+                };
+                if self.replica.is_none() {
+                    return Ok(AppendStep::Local(appended));
+                }
+                // In the log, maybe not yet committed: answer once it is.
+                let me = self.clone();
+                return Ok(AppendStep::Replicated(
+                    async move {
+                        let replica = me.replica.as_ref().expect("replicated");
+                        replica.wait_committed(appended.end_offset).await?;
+                        Ok(appended)
+                    }
+                    .boxed_local(),
+                ));
             }
             SequenceCheck::OutOfOrder => return Err(BrokerError::OutOfOrderSequence),
             SequenceCheck::StaleEpoch => return Err(BrokerError::InvalidProducerEpoch),
@@ -235,6 +373,30 @@ impl Partition {
             }
             -1
         };
+        if self.replica.is_some() {
+            // The leader's offsets follow its log end; its producer state records the batch
+            // at once, so pipelined batches of one producer pass the sequence check.
+            let stored = BatchHeader {
+                base_offset: self.log.end_offset(),
+                ..header
+            };
+            self.producers.borrow_mut().record(&stored);
+            let me = self.clone();
+            let bytes = bytes.freeze();
+            return Ok(AppendStep::Replicated(
+                async move {
+                    let replica = me.replica.as_ref().expect("replicated");
+                    let (base_offset, end_offset) = replica.replicate(bytes).await?;
+                    Ok(Appended {
+                        base_offset,
+                        end_offset,
+                        log_append_time_ms,
+                        duplicate: false,
+                    })
+                }
+                .boxed_local(),
+            ));
+        }
         let active_before = self.log.active_base_offset();
         let info = self
             .log
@@ -250,12 +412,12 @@ impl Partition {
             ..header
         };
         self.producers.borrow_mut().record(&stored);
-        Ok(Appended {
+        Ok(AppendStep::Local(Appended {
             base_offset: info.base_offset,
             end_offset: info.last_offset + 1,
             log_append_time_ms,
             duplicate: false,
-        })
+        }))
     }
 
     fn write_snapshot(&self, at: i64) {
@@ -284,6 +446,10 @@ impl Partition {
         max_bytes: usize,
         first_in_response: bool,
     ) -> Result<ReadResult, BrokerError> {
+        // Consumers read from the leader (no KIP-392 follower fetching).
+        if !self.is_leader() {
+            return Err(BrokerError::NotLeaderOrFollower);
+        }
         let hw = self.high_watermark();
         let records = self
             .log

@@ -47,7 +47,7 @@ pub enum SequenceCheck {
 }
 
 /// Serialisable: partitions snapshot it at each segment roll.
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub struct ProducerStates {
     producers: HashMap<i64, ProducerEntry>,
     clock: u64,

@@ -44,7 +44,7 @@ use serde::{Deserialize, Serialize};
 use crate::errors::BrokerError;
 use crate::group::codec;
 use crate::kafka::handlers::admin::{create_topics, TopicSpec};
-use crate::metadata::{BrokerRecord, ClusterState};
+use crate::metadata::{partition_key, BrokerRecord, ClusterState, LeaderRecord};
 use crate::shard::Shard;
 use crate::types::now_ms;
 
@@ -69,6 +69,8 @@ enum Forwarded {
     },
     /// Topics the broker creates for itself (auto-creation, `__consumer_offsets`).
     CreateTopics(Vec<TopicSpec>),
+    /// Partitions this node leads, with their epoch and ISR (Kafka's AlterPartition).
+    ReportLeaders(Vec<(String, LeaderRecord)>),
 }
 
 /// The controller's answer to a forwarded CreateTopics: per topic, `None` or the Kafka
@@ -168,7 +170,7 @@ fn members(shard: &Shard) -> BTreeMap<u64, BasicNode> {
 impl Quorum {
     /// Opens the controller log and starts the group on shard 0. Applied states reach the
     /// shards through `Shard::controller_applied`.
-    pub async fn start(shard: &Rc<Shard>) -> anyhow::Result<Rc<Quorum>> {
+    pub async fn start(shard: &Rc<Shard>, transport: Rc<Transport>) -> anyhow::Result<Rc<Quorum>> {
         let config = &shard.config;
         let node_id = config.node_id;
         let dir = config.log_dir.join(METADATA_DIR);
@@ -192,7 +194,6 @@ impl Quorum {
                 shard.controller_applied(state);
             }
         });
-        let transport = Transport::new();
         if let Some(addr) = config.voters.get(&node_id) {
             let listener = glommio::net::TcpListener::bind(addr)
                 .map_err(|e| anyhow::anyhow!("cannot listen for Raft traffic on {addr}: {e}"))?;
@@ -326,6 +327,12 @@ async fn serve_forwarded(shard: &Rc<Shard>, payload: &[u8]) -> Result<Bytes, Str
             .map_err(|e| e.to_string())?;
             Ok(Bytes::new())
         }
+        Forwarded::ReportLeaders(reports) => {
+            record_leaders(shard, reports)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(Bytes::new())
+        }
         Forwarded::CreateTopics(specs) => {
             let results: CreateTopicsReply = create_topics(shard, specs, false)
                 .await
@@ -337,6 +344,59 @@ async fn serve_forwarded(shard: &Rc<Shard>, payload: &[u8]) -> Result<Bytes, Str
             ))
         }
     }
+}
+
+/// Records what partition leaders reported, as the controller leader. A report of an older
+/// epoch than the one recorded comes from a deposed leader and is dropped.
+async fn record_leaders(
+    shard: &Rc<Shard>,
+    reports: Vec<(String, LeaderRecord)>,
+) -> Result<(), BrokerError> {
+    shard
+        .on_controller(move |shard| {
+            async move {
+                let changed = shard.with_controller(|c| {
+                    let mut changed = false;
+                    for (key, record) in reports {
+                        let current = c.state.leaders.get(&key);
+                        if current.is_some_and(|cur| cur.epoch > record.epoch || *cur == record) {
+                            continue;
+                        }
+                        c.state.leaders.insert(key, record);
+                        changed = true;
+                    }
+                    changed
+                });
+                if changed {
+                    shard.commit_metadata().await?;
+                }
+                Ok(())
+            }
+            .boxed_local()
+        })
+        .await
+}
+
+/// The leaderships this node holds that the applied metadata does not show yet.
+fn leader_reports(shard: &Rc<Shard>, applied: &ClusterState) -> Vec<(String, LeaderRecord)> {
+    let me = shard.config.node_id;
+    shard
+        .replicated_partitions()
+        .iter()
+        .filter_map(|p| {
+            let replica = p.replica.as_ref()?;
+            if !replica.is_leader() {
+                return None;
+            }
+            let record = LeaderRecord {
+                leader: me,
+                epoch: replica.leader_epoch(),
+                isr: replica.in_sync_replicas(),
+            };
+            let key = partition_key(&p.topic_id, p.index);
+            (applied.leaders.get(&key) != Some(&record)).then_some((key, record))
+        })
+        .collect()
 }
 
 /// Sets broker `id`'s record, as the controller leader.
@@ -422,6 +482,14 @@ async fn controller_loop(shard: Weak<Shard>, quorum: Rc<Quorum>) {
                 }
                 continue;
             }
+            if let Some(state) = &applied {
+                let reports = leader_reports(&shard, state);
+                if !reports.is_empty() {
+                    if let Err(e) = record_leaders(&shard, reports).await {
+                        tracing::warn!(error = %e, "could not record partition leaders");
+                    }
+                }
+            }
             let session = Duration::from_millis(shard.config.broker_session_timeout_ms as u64);
             if since.elapsed() >= session {
                 if let Err(e) = fence_silent_brokers(&shard, &quorum).await {
@@ -429,6 +497,26 @@ async fn controller_loop(shard: Weak<Shard>, quorum: Rc<Quorum>) {
                 }
             }
         } else if let (Some(state), Some(leader)) = (&applied, leader) {
+            let reports = leader_reports(&shard, state);
+            if !reports.is_empty() && leader != quorum.node_id {
+                if let Some(addr) = shard.config.voters.get(&leader) {
+                    let payload = Bytes::from(
+                        serde_json::to_vec(&Forwarded::ReportLeaders(reports)).expect("serialises"),
+                    );
+                    if let Err(e) = quorum
+                        .transport
+                        .forward(
+                            leader as u64,
+                            &addr.to_string(),
+                            payload,
+                            Duration::from_secs(5),
+                        )
+                        .await
+                    {
+                        tracing::info!(leader, error = %e, "reporting partition leaders failed; retrying");
+                    }
+                }
+            }
             let registered = state.brokers.get(&quorum.node_id) == Some(&me);
             if !registered
                 && leader != quorum.node_id

@@ -64,6 +64,8 @@ pub struct Shard {
     controller: Option<RefCell<Controller>>,
     /// The controller quorum (Raft group 0); shard 0 only, set once it has started.
     quorum: RefCell<Option<Rc<Quorum>>>,
+    /// The Raft transport of the quorum and the replicated partitions; shard 0 only.
+    pub raft_transport: Option<Rc<ferrolog_raft::network::Transport>>,
     /// This node's producer-id allocator; shard 0 only.
     pub producer_ids: Option<RefCell<ProducerIds>>,
     /// Serialises controller changes (persist + publish) on shard 0.
@@ -109,7 +111,21 @@ impl Shard {
         if !self.hosts(topic, tp.partition) {
             return Err(BrokerError::NotLeaderOrFollower);
         }
-        Ok(shard_for(&topic.id, tp.partition, self.count))
+        Ok(self.owning_shard(topic, tp.partition))
+    }
+
+    /// Replicated partitions live on shard 0, beside the controller quorum and its Raft
+    /// transport; the others are spread over the shards by `shard_for`.
+    pub fn owning_shard(&self, topic: &crate::metadata::TopicMeta, partition: i32) -> ShardId {
+        let replicated = topic
+            .replicas
+            .get(partition as usize)
+            .is_some_and(|r| r.len() > 1);
+        if replicated {
+            ShardId(0)
+        } else {
+            shard_for(&topic.id, partition, self.count)
+        }
     }
 
     /// Runs `f` on shard `target` and returns its result. The synchronous part of `f` runs
@@ -247,6 +263,16 @@ impl Shard {
         futures::future::join_all(waits).await;
     }
 
+    /// Shard 0: this node's replicated partitions.
+    pub fn replicated_partitions(&self) -> Vec<Rc<Partition>> {
+        self.partitions
+            .borrow()
+            .values()
+            .filter(|p| p.replica.is_some())
+            .cloned()
+            .collect()
+    }
+
     /// Controller only: the quorum, once started.
     pub fn quorum(&self) -> Option<Rc<Quorum>> {
         self.quorum.borrow().clone()
@@ -263,7 +289,7 @@ impl Shard {
         let mut to_open = Vec::new();
         for topic in image.topics.values() {
             for p in 0..topic.partitions {
-                if shard_for(&topic.id, p, self.count) != self.id || !self.hosts(topic, p) {
+                if self.owning_shard(topic, p) != self.id || !self.hosts(topic, p) {
                     continue;
                 }
                 let tp = TopicPartition {
@@ -276,7 +302,12 @@ impl Shard {
                             existing.set_settings(topic.settings.clone());
                         }
                     }
-                    _ => to_open.push((tp, topic.id, topic.settings.clone())),
+                    _ => to_open.push((
+                        tp,
+                        topic.id,
+                        topic.settings.clone(),
+                        topic.replicas[p as usize].clone(),
+                    )),
                 }
             }
         }
@@ -289,6 +320,12 @@ impl Shard {
             .collect();
         for (tp, p) in gone {
             self.partitions.borrow_mut().remove(&tp);
+            if let Some(replica) = &p.replica {
+                if let Some(transport) = &self.raft_transport {
+                    transport.unregister(replica_group(&p));
+                }
+                let _ = replica.raft.shutdown().await;
+            }
             if tp.topic == OFFSETS_TOPIC {
                 group::unload(self, tp.partition);
             }
@@ -300,17 +337,48 @@ impl Shard {
                 tracing::info!(topic = %tp.topic, partition = tp.partition, "deleted partition");
             }
         }
-        for (tp, id, settings) in to_open {
-            match Partition::open(
-                &self.config.log_dir,
-                &tp.topic,
-                id,
-                tp.partition,
-                settings,
-                now,
-            )
-            .await
-            {
+        for (tp, id, settings, replicas) in to_open {
+            let opened = if replicas.len() > 1 {
+                let transport = self
+                    .raft_transport
+                    .clone()
+                    .expect("replicated partitions open on shard 0");
+                let config = self.config.clone();
+                let group = crate::replica::group_id(&id, tp.partition);
+                Partition::open_replicated(
+                    &self.config.log_dir,
+                    &tp.topic,
+                    id,
+                    tp.partition,
+                    settings,
+                    move |dir, log_config| {
+                        async move {
+                            let placement = crate::replica::Placement {
+                                node_id: config.node_id,
+                                replicas: &replicas,
+                                addrs: &config.voters,
+                                group,
+                                lag_max: Duration::from_millis(config.replica_lag_time_max_ms),
+                            };
+                            crate::replica::Replica::open(&dir, log_config, placement, &transport)
+                                .await
+                        }
+                        .boxed_local()
+                    },
+                )
+                .await
+            } else {
+                Partition::open(
+                    &self.config.log_dir,
+                    &tp.topic,
+                    id,
+                    tp.partition,
+                    settings,
+                    now,
+                )
+                .await
+            };
+            match opened {
                 Ok(p) => {
                     self.partitions.borrow_mut().insert(tp.clone(), p.clone());
                     if tp.topic == OFFSETS_TOPIC {
@@ -333,11 +401,16 @@ impl Shard {
 
     /// Closes every partition log (flushes and writes indexes) for a clean shutdown.
     pub async fn close_all(&self) {
+        let parts: Vec<Rc<Partition>> = self.partitions.borrow().values().cloned().collect();
         if let Some(quorum) = self.quorum() {
             quorum.shutdown();
             let _ = quorum.raft.shutdown().await;
         }
-        let parts: Vec<Rc<Partition>> = self.partitions.borrow().values().cloned().collect();
+        for p in &parts {
+            if let Some(replica) = &p.replica {
+                let _ = replica.raft.shutdown().await;
+            }
+        }
         for p in parts {
             if let Err(e) = p.log.close().await {
                 tracing::warn!(topic = %p.topic, partition = p.index, error = %e, "close failed");
@@ -356,7 +429,9 @@ impl Shard {
             let now = now_ms();
             for p in parts {
                 let s = p.settings();
-                if !s.deletes {
+                // Retention would cut a Raft log under its group: replicated partitions
+                // keep everything until retention goes through Raft (not built yet).
+                if !s.deletes || p.replica.is_some() {
                     continue;
                 }
                 if let Err(e) = p
@@ -369,6 +444,11 @@ impl Shard {
             }
         }
     }
+}
+
+/// The Raft group of a replicated partition.
+fn replica_group(p: &Partition) -> ferrolog_raft::wire::GroupId {
+    crate::replica::group_id(&p.topic_id, p.index)
 }
 
 /// Starts `cores` shards and serves until the process is killed. Blocks the calling thread.
@@ -490,10 +570,12 @@ async fn shard_main(
             topics: BTreeMap::new(),
             topic_ids: HashMap::new(),
             brokers: BTreeMap::new(),
+            leaders: BTreeMap::new(),
         })),
         partitions: RefCell::new(HashMap::new()),
         controller: controller.map(RefCell::new),
         quorum: RefCell::new(None),
+        raft_transport: (id.0 == 0).then(ferrolog_raft::network::Transport::new),
         producer_ids: producer_ids.map(RefCell::new),
         controller_lock: Semaphore::new(1),
         fetch_sessions: RefCell::new(FetchSessions::new(id)),
@@ -513,7 +595,11 @@ async fn shard_main(
     if id.0 == 0 {
         // Committed metadata is applied (and published) as the quorum starts; a new cluster
         // gets its first state once a leader is elected.
-        let quorum = Quorum::start(&shard).await?;
+        let transport = shard
+            .raft_transport
+            .clone()
+            .expect("shard 0 has the transport");
+        let quorum = Quorum::start(&shard, transport).await?;
         *shard.quorum.borrow_mut() = Some(quorum);
     }
     ready_rx

@@ -1,10 +1,7 @@
 """A three-node ferrolog cluster on 127.0.0.1: the controller quorum (Raft group 0), broker
 registration and liveness, partition placement across nodes, clients following leaders,
 controller failover and whole-cluster restarts, with librdkafka (confluent-kafka) clients.
-
-Partitions are not replicated yet (replication factor 1), so these tests check what a
-cluster gives today: metadata that every node agrees on, data spread over the nodes, and
-nothing lost, duplicated or reordered across kills and restarts.
+Unreplicated partitions here; test_replication.py covers replicated ones.
 
 ferrolog only: the Apache reference start script runs one combined node, and a three-node
 Apache cluster needs its own bootstrap (storage format with a shared cluster id).
@@ -172,9 +169,10 @@ def test_partitions_spread_and_clients_follow_leaders(cluster):
 def test_replication_factor_limits(cluster):
     wait_until(lambda: registered(cluster, 1, [1, 2, 3]), "all brokers registered")
     assert create(cluster, 1, "rf4", 1, rf=4) == 38  # INVALID_REPLICATION_FACTOR: 3 brokers
-    # Replication is not built yet: a factor the cluster could meet is refused, not faked.
-    assert create(cluster, 1, "rf2", 1, rf=2) == 38
-    assert create(cluster, 1, "rf1", 3, rf=1) == 0
+    assert create(cluster, 1, "rf2", 3, rf=2) == 0
+    md = wait_until(lambda: metadata(3, cluster, "rf2").topics.get("rf2"), "rf2 visible")
+    for p in md.partitions.values():
+        assert len(p.replicas) == 2 and len(set(p.replicas)) == 2
 
 
 def test_controller_failover_fencing_and_return(cluster):

@@ -103,6 +103,53 @@ pub struct LogStore {
     persist_committed: bool,
 }
 
+/// What the partition on top needs to know about the entries: where each one's batch
+/// starts and ends in Kafka offsets, and which term wrote it.
+#[derive(Clone)]
+pub struct StoreView {
+    log: Rc<Log>,
+    inner: Rc<RefCell<Inner>>,
+}
+
+impl StoreView {
+    /// Kafka offset of entry `index`'s batch, if the log holds it.
+    pub fn base_offset(&self, index: u64) -> Option<i64> {
+        let inner = self.inner.borrow();
+        let i = index.checked_sub(inner.meta.first_index)? as usize;
+        inner.positions.get(i).map(|p| p.0)
+    }
+
+    /// Kafka offset after entry `index`'s batch: the high watermark once it is committed.
+    pub fn end_offset(&self, index: u64) -> Option<i64> {
+        let inner = self.inner.borrow();
+        let i = index.checked_sub(inner.meta.first_index)? as usize;
+        if i >= inner.positions.len() {
+            return None;
+        }
+        Some(match inner.positions.get(i + 1) {
+            Some(next) => next.0,
+            None => self.log.end_offset(),
+        })
+    }
+
+    /// OffsetForLeaderEpoch: the largest term <= `term` in the log and the offset after its
+    /// last batch (the start of the next term's first batch, or the log end), or `None`
+    /// when every batch of the log has a larger term.
+    pub fn end_offset_for_term(&self, term: u64) -> Option<(u64, i64)> {
+        let inner = self.inner.borrow();
+        let after = inner.positions.partition_point(|p| p.1 <= term);
+        if after == 0 {
+            return None;
+        }
+        let found_term = inner.positions[after - 1].1;
+        let end = inner
+            .positions
+            .get(after)
+            .map_or(self.log.end_offset(), |p| p.0);
+        Some((found_term, end))
+    }
+}
+
 /// A reader of the same log, for openraft's replication tasks.
 pub struct LogStoreReader {
     log: Rc<Log>,
@@ -152,6 +199,14 @@ impl LogStore {
     /// The partition's Kafka log, for the fetch path.
     pub fn log(&self) -> &Rc<Log> {
         &self.log
+    }
+
+    /// A handle the partition keeps after the store moves into openraft.
+    pub fn view(&self) -> StoreView {
+        StoreView {
+            log: self.log.clone(),
+            inner: self.inner.clone(),
+        }
     }
 
     async fn write_meta(&self) -> io::Result<()> {
@@ -649,6 +704,16 @@ mod tests {
                 })
                 .collect();
             assert_eq!(offsets, vec![(2, 6, 2), (7, 7, 2), (8, 10, 3)]);
+            let view = store.view();
+            assert_eq!(
+                (view.base_offset(3), view.end_offset(3)),
+                (Some(2), Some(7))
+            );
+            assert_eq!(view.end_offset(5), Some(11));
+            assert_eq!(view.end_offset(6), None);
+            assert_eq!(view.end_offset_for_term(1), Some((1, 2)));
+            assert_eq!(view.end_offset_for_term(2), Some((2, 8)));
+            assert_eq!(view.end_offset_for_term(9), Some((3, 11)));
         });
     }
 

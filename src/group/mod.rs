@@ -548,12 +548,11 @@ pub fn append(
     let written = partition.append(&bytes, false, now_ms);
     let partition = partition.clone();
     async move {
-        let appended = written.map_err(write_error)?;
-        partition
-            .log
-            .wait_durable(appended.end_offset)
+        let step = written.map_err(write_error)?;
+        step.finish(&partition.log, true)
             .await
-            .map_err(|e| write_error(BrokerError::Storage(e.to_string())))
+            .map(|_| ())
+            .map_err(write_error)
     }
     .boxed_local()
 }

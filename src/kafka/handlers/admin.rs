@@ -83,12 +83,12 @@ pub async fn create_topics(
                         let salt = c.state.topics.len();
                         let replicas = assign_replicas(&c.state.brokers, 0, partitions, rf, salt)
                             .map_err(BrokerError::InvalidReplicationFactor)?;
-                        // Partitions are not replicated yet (the Raft groups exist, the
-                        // partitions do not run on them): a factor that can be met but not
-                        // kept is refused rather than advertised.
-                        if rf > 1 {
+                        // The group coordinator writes its partitions directly, not through
+                        // Raft: `__consumer_offsets` stays unreplicated for now.
+                        if rf > 1 && spec.name == crate::group::OFFSETS_TOPIC {
                             return Err(BrokerError::InvalidReplicationFactor(format!(
-                                "Unable to replicate the partition {rf} time(s): ferrolog does not replicate partitions yet; use a replication factor of 1."
+                                "{} cannot be replicated yet; its replication factor must be 1.",
+                                spec.name
                             )));
                         }
                         validate_configs(&spec.configs)?;

@@ -37,6 +37,13 @@ pub async fn handle(ctx: Rc<RequestContext>, req: DeleteRecordsRequest) -> Delet
                 .shard
                 .on_partition(tp, move |part| {
                     async move {
+                        if part.replica.is_some() {
+                            // Moving a Raft log's start needs a Raft purge (not built yet).
+                            return Err(BrokerError::InvalidRequest(
+                                "DeleteRecords is not supported on replicated partitions yet"
+                                    .into(),
+                            ));
+                        }
                         // -1 means "up to the high watermark".
                         let target = if offset == -1 {
                             part.high_watermark()

@@ -379,7 +379,7 @@ async fn wait_for_data(
                     let mut changes = Vec::new();
                     for (tp, hw) in &parts {
                         if let Some(p) = shard.partition(tp) {
-                            changes.push(p.log.durable_changed());
+                            changes.push(p.hw_changed());
                             if p.high_watermark() > *hw {
                                 return true;
                             }

@@ -109,7 +109,8 @@ async fn ensure_offsets_topic(ctx: &RequestContext) -> Result<(), BrokerError> {
     let spec = TopicSpec {
         name: OFFSETS_TOPIC.to_string(),
         partitions: group.offsets_topic_partitions,
-        replication_factor: -1,
+        // Not replicated yet (the coordinator writes it directly, see admin.rs).
+        replication_factor: 1,
         configs,
     };
     match admin::create_topics_anywhere(&ctx.shard, vec![spec])

@@ -12,11 +12,10 @@ use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse};
 
 use crate::errors::BrokerError;
 use crate::kafka::RequestContext;
-use crate::partition::LEADER_EPOCH;
 use crate::types::TopicPartition;
 
 /// (offset, timestamp) or None for "no such record" (-1, -1).
-type Lookup = Result<Option<(i64, i64)>, BrokerError>;
+type Lookup = Result<Option<(i64, i64, i32)>, BrokerError>;
 
 pub async fn handle(ctx: Rc<RequestContext>, req: ListOffsetsRequest) -> ListOffsetsResponse {
     let version = ctx.version;
@@ -43,7 +42,11 @@ pub async fn handle(ctx: Rc<RequestContext>, req: ListOffsetsRequest) -> ListOff
                 shard
                     .on_partition(tp, move |p| {
                         async move {
-                            match timestamp {
+                            if !p.is_leader() {
+                                return Err(BrokerError::NotLeaderOrFollower);
+                            }
+                            let epoch = p.leader_epoch();
+                            let found = match timestamp {
                                 // No transactions yet, so read_committed's LSO is the HW too.
                                 -1 => Ok(Some((p.high_watermark(), -1))),
                                 // No tiered storage: nothing is remote (Kafka answers -1, -1).
@@ -51,7 +54,8 @@ pub async fn handle(ctx: Rc<RequestContext>, req: ListOffsetsRequest) -> ListOff
                                 -2 | -4 => Ok(Some((p.log.start_offset(), -1))),
                                 -3 => p.max_timestamp_offset().await,
                                 ts => p.offset_for_timestamp(ts).await,
-                            }
+                            };
+                            found.map(|f| f.map(|(offset, ts)| (offset, ts, epoch)))
                         }
                         .boxed_local()
                     })
@@ -67,10 +71,10 @@ pub async fn handle(ctx: Rc<RequestContext>, req: ListOffsetsRequest) -> ListOff
                 let base =
                     ListOffsetsPartitionResponse::default().with_partition_index(p.partition_index);
                 match r {
-                    Ok(Some((offset, ts))) => base
+                    Ok(Some((offset, ts, epoch))) => base
                         .with_offset(offset)
                         .with_timestamp(ts)
-                        .with_leader_epoch(if version >= 4 { LEADER_EPOCH } else { -1 }),
+                        .with_leader_epoch(if version >= 4 { epoch } else { -1 }),
                     Ok(None) => base
                         .with_offset(-1)
                         .with_timestamp(-1)

@@ -15,7 +15,6 @@ use crate::group::is_internal_topic;
 use crate::kafka::handlers::admin::{self, TopicSpec};
 use crate::kafka::RequestContext;
 use crate::metadata::{validate_topic_name, TopicMeta};
-use crate::partition::LEADER_EPOCH;
 
 pub async fn handle(ctx: Rc<RequestContext>, req: MetadataRequest) -> MetadataResponse {
     let config = ctx.shard.config.clone();
@@ -59,15 +58,19 @@ pub async fn handle(ctx: Rc<RequestContext>, req: MetadataRequest) -> MetadataRe
             .map(|p| {
                 let replicas = t.replicas.get(p as usize).cloned().unwrap_or_default();
                 let live = |id: &i32| image.brokers.get(id).is_some_and(|b| !b.fenced);
-                let leader = t.leader(p, &image);
+                let leadership = t.leadership(p, &image);
                 let partition = MetadataResponsePartition::default()
                     .with_partition_index(p)
-                    .with_leader_id(BrokerId(leader.unwrap_or(-1)))
-                    .with_leader_epoch(LEADER_EPOCH)
+                    .with_leader_id(BrokerId(leadership.as_ref().map_or(-1, |l| l.leader)))
+                    .with_leader_epoch(leadership.as_ref().map_or(-1, |l| l.epoch))
                     .with_replica_nodes(replicas.iter().map(|r| BrokerId(*r)).collect())
-                    // One replica per partition until partitions replicate: the ISR is the
-                    // leader when it is alive.
-                    .with_isr_nodes(leader.map(BrokerId).into_iter().collect())
+                    .with_isr_nodes(
+                        leadership
+                            .iter()
+                            .flat_map(|l| l.isr.iter())
+                            .map(|r| BrokerId(*r))
+                            .collect(),
+                    )
                     .with_offline_replicas(
                         replicas
                             .iter()
@@ -75,7 +78,7 @@ pub async fn handle(ctx: Rc<RequestContext>, req: MetadataRequest) -> MetadataRe
                             .map(|r| BrokerId(*r))
                             .collect(),
                     );
-                match leader {
+                match leadership {
                     Some(_) => partition,
                     None => partition.with_error_code(BrokerError::LeaderNotAvailable.code()),
                 }

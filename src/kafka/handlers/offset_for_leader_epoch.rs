@@ -9,10 +9,8 @@ use kafka_protocol::messages::offset_for_leader_epoch_response::{
     EpochEndOffset, OffsetForLeaderTopicResult,
 };
 use kafka_protocol::messages::{OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse};
-use kafka_protocol::ResponseError;
 
 use crate::kafka::RequestContext;
-use crate::partition::LEADER_EPOCH;
 use crate::types::TopicPartition;
 
 pub async fn handle(
@@ -24,31 +22,19 @@ pub async fn handle(
         let mut partitions = Vec::with_capacity(t.partitions.len());
         for p in &t.partitions {
             let base = EpochEndOffset::default().with_partition(p.partition);
-            if p.current_leader_epoch > LEADER_EPOCH {
-                partitions.push(
-                    base.with_error_code(ResponseError::UnknownLeaderEpoch.code())
-                        .with_leader_epoch(-1)
-                        .with_end_offset(-1),
-                );
-                continue;
-            }
             let tp = TopicPartition {
                 topic: t.topic.0.to_string(),
                 partition: p.partition,
             };
-            let requested = p.leader_epoch;
+            let (current, requested) = (p.current_leader_epoch, p.leader_epoch);
             let r = ctx
                 .shard
                 .on_partition(tp, move |part| {
-                    async move { Ok(part.log.end_offset()) }.boxed_local()
+                    async move { part.epoch_end_offset(current, requested) }.boxed_local()
                 })
                 .await;
             partitions.push(match r {
-                Ok(end) if requested == LEADER_EPOCH => {
-                    base.with_leader_epoch(LEADER_EPOCH).with_end_offset(end)
-                }
-                // An epoch older (none exists) or newer than ours is unknown: UNDEFINED (-1, -1).
-                Ok(_) => base.with_leader_epoch(-1).with_end_offset(-1),
+                Ok((epoch, end)) => base.with_leader_epoch(epoch).with_end_offset(end),
                 Err(e) => base
                     .with_error_code(e.code())
                     .with_leader_epoch(-1)

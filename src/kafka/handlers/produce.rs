@@ -73,25 +73,25 @@ pub async fn start(
                                 .boxed_local();
                         };
                         // The append itself happens here, synchronously, when the job runs.
-                        let appended = if acks == -1 && partition.settings().min_insync_replicas > 1
+                        let min_isr = partition.settings().min_insync_replicas;
+                        let appended = if !partition.is_leader() {
+                            Err(BrokerError::NotLeaderOrFollower)
+                        } else if acks == -1
+                            && (partition.in_sync_replicas() as i64) < i64::from(min_isr)
                         {
-                            // One replica is in sync, fewer than min.insync.replicas.
+                            // Fewer replicas in sync than min.insync.replicas.
                             Err(BrokerError::NotEnoughReplicas)
                         } else {
                             partition.append(&records, transactional, now)
                         };
                         async move {
-                            let appended = appended?;
-                            // acks=all waits for the HW (here: fsync), also for a retried
-                            // duplicate, which may not be on disk yet either.
+                            // acks=all waits for the HW (unreplicated: fsync; replicated:
+                            // commit), also for a retried duplicate, which may not be there
+                            // yet either. Replicated partitions answer every acks at commit.
                             let backlog = partition.log.pending_bytes() > PENDING_BYTES_MAX;
-                            if acks == -1 || backlog {
-                                partition
-                                    .log
-                                    .wait_durable(appended.end_offset)
-                                    .await
-                                    .map_err(|e| BrokerError::Storage(e.to_string()))?;
-                            }
+                            let appended = appended?
+                                .finish(&partition.log, acks == -1 || backlog)
+                                .await?;
                             Ok((appended, partition.log.start_offset()))
                         }
                         .boxed_local()

@@ -1,0 +1,297 @@
+//! A replicated partition: its Raft group (ferrolog-raft), and Kafka's view of it.
+//!
+//! A partition with more than one replica runs one Raft group whose log is the partition log
+//! (one entry = one batch). Kafka's words map onto Raft's:
+//! - leader = the group's Raft leader; leader epoch = Raft term (`partitionLeaderEpoch` of
+//!   every batch it wrote);
+//! - HW = the offset after the last applied (committed) entry, on every replica;
+//! - ISR = the leader plus the followers whose log reached the leader's end within
+//!   `replica.lag.time.max.ms`;
+//! - acks=all (and acks=1, see the README) answer once the entry is committed, i.e. fsynced
+//!   on a majority. There is no unclean election: Raft only elects a node holding every
+//!   committed entry.
+//!
+//! A leader takes produce requests only once it has applied every entry of earlier terms
+//! ("ready"); its idempotent-producer state then restarts from the applied state, so a batch
+//! the old leader appended but never answered is recognised as a duplicate when retried.
+//!
+//! Replicated partitions run on shard 0, beside the controller quorum, sharing its Raft
+//! transport (one connection per pair of nodes).
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferrolog_io::batch::BatchHeader;
+use ferrolog_io::{Log, LogConfig};
+use ferrolog_raft::async_runtime::watch::WatchReceiver;
+use ferrolog_raft::entry::{Batch, Entry};
+use ferrolog_raft::network::{GroupRaft, Transport};
+use ferrolog_raft::state_machine::PartitionStateMachine;
+use ferrolog_raft::store::{LogStore, StoreView};
+use ferrolog_raft::wire::GroupId;
+use ferrolog_raft::{openraft, GlommioRuntime};
+use openraft::storage::{RaftLogReader, RaftLogStorage};
+use openraft::{AsyncRuntime, BasicNode, EntryPayload, Raft};
+use uuid::Uuid;
+
+use crate::errors::BrokerError;
+use crate::producer_state::ProducerStates;
+use crate::types::now_ms;
+
+/// How long a produce waits for its batch to commit before REQUEST_TIMED_OUT.
+const COMMIT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The Raft group id of a partition: the same on every node, never the controller's 0.
+pub fn group_id(topic_id: &Uuid, partition: i32) -> GroupId {
+    let mut key = [0u8; 20];
+    key[..16].copy_from_slice(topic_id.as_bytes());
+    key[16..].copy_from_slice(&partition.to_be_bytes());
+    let hi = u64::from(crc32c::crc32c(&key));
+    let lo = u64::from(crc32c::crc32c_append(0x9e37_79b9, &key));
+    GroupId((hi << 32 | lo) | 1 << 63)
+}
+
+fn raft_config() -> Arc<openraft::Config> {
+    let config = openraft::Config {
+        cluster_name: "ferrolog-partition".into(),
+        heartbeat_interval: 150,
+        election_timeout_min: 1000,
+        election_timeout_max: 2000,
+        // Snapshots carry no data and retention does not purge replicated logs yet.
+        snapshot_policy: openraft::SnapshotPolicy::Never,
+        ..openraft::Config::default()
+    };
+    Arc::new(config.validate().expect("valid partition Raft config"))
+}
+
+/// Where a replica sits: this node, the partition's replicas and their Raft addresses.
+pub struct Placement<'a> {
+    pub node_id: i32,
+    pub replicas: &'a [i32],
+    pub addrs: &'a BTreeMap<i32, std::net::SocketAddr>,
+    pub group: GroupId,
+    /// `replica.lag.time.max.ms`.
+    pub lag_max: Duration,
+}
+
+pub struct Replica {
+    pub raft: GroupRaft,
+    pub view: StoreView,
+    node_id: u64,
+    hw: Rc<Cell<i64>>,
+    /// Fetches waiting for the HW to move.
+    hw_waiters: Rc<RefCell<Vec<futures::channel::oneshot::Sender<()>>>>,
+    applied_producers: Rc<RefCell<ProducerStates>>,
+    /// The term whose start reset the leader's producer state.
+    ready_term: Cell<Option<u64>>,
+    /// When each follower last had the leader's whole log (leader only).
+    caught_up: RefCell<HashMap<u64, Instant>>,
+    lag_max: Duration,
+}
+
+impl Replica {
+    /// Opens the partition log in `dir` as a Raft log and starts the group. The first replica
+    /// of a new partition initializes the group with all replicas.
+    pub async fn open(
+        dir: &Path,
+        log_config: LogConfig,
+        placement: Placement<'_>,
+        transport: &Rc<Transport>,
+    ) -> std::io::Result<(Rc<Log>, Replica)> {
+        let Placement {
+            node_id,
+            replicas,
+            addrs,
+            group,
+            lag_max,
+        } = placement;
+        let mut store = LogStore::open(dir, log_config, Rc::new(now_ms)).await?;
+        let fresh = store.get_log_state().await?.last_log_id.is_none()
+            && store.get_log_reader().await.read_vote().await?.is_none();
+        let view = store.view();
+        let log = store.log().clone();
+        let hw = Rc::new(Cell::new(log.start_offset()));
+        let hw_waiters: Rc<RefCell<Vec<futures::channel::oneshot::Sender<()>>>> = Rc::default();
+        let applied_producers = Rc::new(RefCell::new(ProducerStates::default()));
+        let hook = {
+            let (view, hw, producers) = (view.clone(), hw.clone(), applied_producers.clone());
+            let waiters = hw_waiters.clone();
+            Box::new(move |entry: &Entry| {
+                let index = entry.log_id.index;
+                if let Some(end) = view.end_offset(index) {
+                    if end > hw.get() {
+                        hw.set(end);
+                        for w in waiters.borrow_mut().drain(..) {
+                            let _ = w.send(());
+                        }
+                    }
+                }
+                if let EntryPayload::Normal(Batch(bytes)) = &entry.payload {
+                    if let (Ok(header), Some(base)) =
+                        (BatchHeader::parse(bytes), view.base_offset(index))
+                    {
+                        producers.borrow_mut().record(&BatchHeader {
+                            base_offset: base,
+                            ..header
+                        });
+                    }
+                }
+            })
+        };
+        let raft = Raft::new(
+            node_id as u64,
+            raft_config(),
+            transport.factory(group),
+            store,
+            PartitionStateMachine::with_apply_hook(hook),
+        )
+        .await
+        .map_err(std::io::Error::other)?;
+        transport.register(group, raft.clone());
+        if fresh && replicas.first() == Some(&node_id) {
+            let members: BTreeMap<u64, BasicNode> = replicas
+                .iter()
+                .map(|id| {
+                    let addr = addrs.get(id).map(|a| a.to_string()).unwrap_or_default();
+                    (*id as u64, BasicNode::new(addr))
+                })
+                .collect();
+            raft.initialize(members)
+                .await
+                .map_err(std::io::Error::other)?;
+        }
+        let replica = Replica {
+            raft,
+            view,
+            node_id: node_id as u64,
+            hw,
+            hw_waiters,
+            applied_producers,
+            ready_term: Cell::new(None),
+            caught_up: RefCell::new(HashMap::new()),
+            lag_max,
+        };
+        Ok((log, replica))
+    }
+
+    /// Offset after the last committed batch.
+    pub fn high_watermark(&self) -> i64 {
+        self.hw.get()
+    }
+
+    /// Resolves the next time the HW moves.
+    pub fn hw_changed(&self) -> futures::channel::oneshot::Receiver<()> {
+        let (tx, rx) = futures::channel::oneshot::channel();
+        let mut waiters = self.hw_waiters.borrow_mut();
+        waiters.retain(|w| !w.is_canceled());
+        waiters.push(tx);
+        rx
+    }
+
+    /// The Raft term, as Kafka's leader epoch.
+    pub fn leader_epoch(&self) -> i32 {
+        let term = self.raft.metrics().borrow_watched().current_term;
+        i32::try_from(term).unwrap_or(i32::MAX)
+    }
+
+    /// The node this replica follows (itself when leading), if any.
+    pub fn leader(&self) -> Option<i32> {
+        let leader = self.raft.metrics().borrow_watched().current_leader;
+        leader.map(|l| l as i32)
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.leader() == Some(self.node_id as i32)
+    }
+
+    /// Checks this replica may take produce requests now (it leads and has applied all of
+    /// earlier terms); at the start of each term the leader's producer state is reset from
+    /// the applied one.
+    pub fn ready(&self, producers: &RefCell<ProducerStates>) -> Result<(), BrokerError> {
+        let m = self.raft.metrics().borrow_watched().clone();
+        let ready = m.current_leader == Some(self.node_id)
+            && m.last_applied.map(|l| l.leader_id.term) == Some(m.current_term);
+        if !ready {
+            return Err(BrokerError::NotLeaderOrFollower);
+        }
+        if self.ready_term.get() != Some(m.current_term) {
+            *producers.borrow_mut() = self.applied_producers.borrow().clone();
+            self.ready_term.set(Some(m.current_term));
+        }
+        Ok(())
+    }
+
+    /// Replicates `batch` and returns the Kafka offsets it got once it is committed.
+    pub async fn replicate(&self, batch: bytes::Bytes) -> Result<(i64, i64), BrokerError> {
+        let write = GlommioRuntime::timeout(COMMIT_TIMEOUT, self.raft.client_write(Batch(batch)));
+        match write.await {
+            Ok(Ok(response)) => {
+                let index = response.log_id.index;
+                match (self.view.base_offset(index), self.view.end_offset(index)) {
+                    (Some(base), Some(end)) => Ok((base, end)),
+                    // Truncated after commit: impossible in Raft, so a bug.
+                    _ => unreachable!("committed entry {index} is not in the log"),
+                }
+            }
+            Ok(Err(_)) => Err(BrokerError::NotLeaderOrFollower),
+            Err(_) => Err(BrokerError::RequestTimedOut(format!(
+                "batch not committed within {COMMIT_TIMEOUT:?}: too few replicas reachable"
+            ))),
+        }
+    }
+
+    /// Waits until the HW passes `end_offset` (a retried batch that is in the log but may
+    /// not be committed yet).
+    pub async fn wait_committed(&self, end_offset: i64) -> Result<(), BrokerError> {
+        let deadline = Instant::now() + COMMIT_TIMEOUT;
+        while self.hw.get() < end_offset {
+            if Instant::now() > deadline || !self.is_leader() {
+                return Err(BrokerError::NotLeaderOrFollower);
+            }
+            glommio::timer::sleep(Duration::from_millis(2)).await;
+        }
+        Ok(())
+    }
+
+    /// The in-sync replicas as the leader sees them: itself and the followers whose log
+    /// reached its end within `replica.lag.time.max.ms`. Empty on a follower.
+    pub fn in_sync_replicas(&self) -> Vec<i32> {
+        let m = self.raft.metrics().borrow_watched().clone();
+        if m.current_leader != Some(self.node_id) {
+            return Vec::new();
+        }
+        let now = Instant::now();
+        let mut caught_up = self.caught_up.borrow_mut();
+        let mut isr = vec![self.node_id as i32];
+        if let Some(replication) = &m.replication {
+            for (id, matched) in replication {
+                if *id == self.node_id {
+                    continue;
+                }
+                let at_end = matched.map(|l| l.index) >= m.last_log_index;
+                if at_end {
+                    caught_up.insert(*id, now);
+                }
+                // A new leader counts a follower in until it has had lag_max to catch up.
+                let since = *caught_up.entry(*id).or_insert(now);
+                if now.duration_since(since) <= self.lag_max {
+                    isr.push(*id as i32);
+                }
+            }
+        }
+        isr.sort_unstable();
+        isr
+    }
+
+    /// OffsetForLeaderEpoch: (largest epoch <= `epoch`, offset after its last batch).
+    pub fn end_offset_for_epoch(&self, epoch: i32) -> Option<(i32, i64)> {
+        let term = u64::try_from(epoch).ok()?;
+        self.view
+            .end_offset_for_term(term)
+            .map(|(t, end)| (i32::try_from(t).unwrap_or(i32::MAX), end))
+    }
+}

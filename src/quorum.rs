@@ -513,7 +513,8 @@ async fn controller_loop(shard: Weak<Shard>, quorum: Rc<Quorum>) {
                         )
                         .await
                     {
-                        tracing::info!(leader, error = %e, "reporting partition leaders failed; retrying");
+                        // Expected while the controller fails over; the next tick retries.
+                        tracing::debug!(leader, error = %e, "reporting partition leaders failed; retrying");
                     }
                 }
             }

@@ -204,23 +204,25 @@ impl Replica {
         leader.map(|l| l as i32)
     }
 
+    /// Leads and has applied every entry of earlier terms, so its HW covers everything
+    /// committed: only then does it serve produce and fetch.
     pub fn is_leader(&self) -> bool {
-        self.leader() == Some(self.node_id as i32)
+        let m = self.raft.metrics().borrow_watched().clone();
+        m.current_leader == Some(self.node_id)
+            && m.last_applied.map(|l| l.leader_id.term) == Some(m.current_term)
     }
 
     /// Checks this replica may take produce requests now (it leads and has applied all of
     /// earlier terms); at the start of each term the leader's producer state is reset from
     /// the applied one.
     pub fn ready(&self, producers: &RefCell<ProducerStates>) -> Result<(), BrokerError> {
-        let m = self.raft.metrics().borrow_watched().clone();
-        let ready = m.current_leader == Some(self.node_id)
-            && m.last_applied.map(|l| l.leader_id.term) == Some(m.current_term);
-        if !ready {
+        if !self.is_leader() {
             return Err(BrokerError::NotLeaderOrFollower);
         }
-        if self.ready_term.get() != Some(m.current_term) {
+        let term = self.raft.metrics().borrow_watched().current_term;
+        if self.ready_term.get() != Some(term) {
             *producers.borrow_mut() = self.applied_producers.borrow().clone();
-            self.ready_term.set(Some(m.current_term));
+            self.ready_term.set(Some(term));
         }
         Ok(())
     }

@@ -70,6 +70,8 @@ pub struct Shard {
     pub producer_ids: Option<RefCell<ProducerIds>>,
     /// Serialises controller changes (persist + publish) on shard 0.
     controller_lock: Semaphore,
+    /// Serialises image installs: two concurrent ones would both open a new partition.
+    image_lock: Semaphore,
     pub fetch_sessions: RefCell<FetchSessions>,
     /// The groups of the `__consumer_offsets` partitions this shard owns.
     pub groups: RefCell<GroupCoordinator>,
@@ -281,6 +283,11 @@ impl Shard {
     /// Installs a new image: opens partitions this shard now owns, drops (and deletes) those
     /// of deleted topics, pushes changed configs to open partitions.
     async fn apply_image(self: &Rc<Self>, image: Arc<MetadataImage>) {
+        let _installing = self
+            .image_lock
+            .acquire_permit(1)
+            .await
+            .expect("image lock never closes");
         if image.version <= self.image.borrow().version && self.image.borrow().version != 0 {
             return;
         }
@@ -578,6 +585,7 @@ async fn shard_main(
         raft_transport: (id.0 == 0).then(ferrolog_raft::network::Transport::new),
         producer_ids: producer_ids.map(RefCell::new),
         controller_lock: Semaphore::new(1),
+        image_lock: Semaphore::new(1),
         fetch_sessions: RefCell::new(FetchSessions::new(id)),
         groups: RefCell::new(GroupCoordinator::default()),
         request_memory: Rc::new(Semaphore::new(REQUEST_MEMORY_BYTES)),

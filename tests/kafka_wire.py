@@ -1225,3 +1225,23 @@ def parse_consumer_assignment(data):
     r = Reader(data)
     r.i16()  # version
     return {t: sorted(ps) for t, ps in r.array(lambda r: (r.string(), r.array(Reader.i32)))}
+
+
+# ---- OffsetForLeaderEpoch (API 23) -------------------------------------------------
+OFFSET_FOR_LEADER_EPOCH = 23
+
+
+def offset_for_leader_epoch(port, topic, partition, leader_epoch, current_leader_epoch):
+    """OffsetForLeaderEpoch v3 as a consumer sends it (replica id -1) for one partition:
+    the answer's error_code, leader_epoch and end_offset."""
+    body = i32(-1) + array([string(topic) + array([i32(partition) + i32(current_leader_epoch) + i32(leader_epoch)])])
+    conn = Connection(f"127.0.0.1:{port}")
+    try:
+        r = Reader(conn.request(OFFSET_FOR_LEADER_EPOCH, 3, body))
+    finally:
+        conn.sock.close()
+    r.i32()  # throttle time
+    topics = r.array(lambda t: (t.string(), t.array(lambda p: {
+        "error_code": p.i16(), "partition": p.i32(), "leader_epoch": p.i32(), "end_offset": p.i64(),
+    })))  # fmt: skip
+    return topics[0][1][0]

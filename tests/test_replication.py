@@ -1,0 +1,225 @@
+"""Replicated partitions on a three-node ferrolog cluster: faults under load with real
+clients, each checked for lost, duplicated and reordered records.
+
+- kill -9 a partition leader under acks=all load from the Java idempotent producer
+  (Kafka's VerifiableProducer): a new leader within seconds, the producer carries on, and
+  every acknowledged record is in the log exactly once, at its acknowledged offset, in order;
+- SIGSTOP a follower past replica.lag.time.max.ms: it leaves the ISR, and rejoins after
+  SIGCONT;
+- stop two of three nodes: acks=all produce fails (no majority), nothing committed is lost
+  when they come back;
+- restart the whole cluster: everything committed is there;
+- OffsetForLeaderEpoch answers per epoch after a leader change.
+
+ferrolog only, like test_cluster.py.
+"""
+
+import json
+import signal
+import subprocess
+import time
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from cluster import Cluster, check, create, metadata, produce, registered
+from conftest import TARGET
+from kafka_wire import METADATA, Connection, metadata_v8, offset_for_leader_epoch, parse_metadata_v8
+from support import CACHE, need, wait_until
+
+pytestmark = pytest.mark.skipif(TARGET != "ferrolog", reason="needs three ferrolog nodes (see test_cluster.py)")
+
+LAG_MS = 2000
+TOOLS = "org.apache.kafka.tools"
+IDS = [1, 2, 3]
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path, extra={"replica.lag.time.max.ms": LAG_MS})
+    try:
+        c.start()
+        wait_until(lambda: registered(c, 1, IDS), "all brokers registered")
+        yield c
+    finally:
+        c.kill()
+
+
+def replicated_topic(cluster, topic, partitions):
+    assert create(cluster, 1, topic, partitions, rf=3) == 0
+    return wait_until(lambda: all_led(cluster, topic, partitions), f"{topic}: every partition led, full ISR")
+
+
+def all_led(cluster, topic, partitions):
+    t = metadata(2, cluster, topic).topics.get(topic)
+    if t is None or len(t.partitions) != partitions:
+        return None
+    ok = all(p.leader in IDS and sorted(p.isrs) == IDS for p in t.partitions.values())
+    return t if ok else None
+
+
+def leader_of(cluster, topic, partition, node_id):
+    t = metadata(node_id, cluster, topic).topics.get(topic)
+    return t.partitions[partition].leader if t else -1
+
+
+def read_partition(bootstrap, topic, partition):
+    """Every record of one partition, from offset 0 to the end: [(offset, value)]."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "reader", "enable.auto.commit": False,
+                  "enable.partition.eof": True})  # fmt: skip
+    c.assign([TopicPartition(topic, partition, 0)])
+    out = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        m = c.poll(1.0)
+        if m is None:
+            continue
+        if m.error():
+            if m.error().code() == m.error()._PARTITION_EOF:
+                break
+            continue
+        out.append((m.offset(), m.value().decode()))
+    c.close()
+    return out
+
+
+def test_kill_leader_under_java_idempotent_load(cluster, tmp_path):
+    topic = "kill-leader"
+    replicated_topic(cluster, topic, 3)
+    lib = need(CACHE / "java" / "lib" / "ferrolog-client-tests.jar").parent
+    config = tmp_path / "producer.properties"
+    config.write_text("enable.idempotence=true\nacks=all\nretries=2147483647\nmax.in.flight.requests.per.connection=5\n"
+                      "delivery.timeout.ms=120000\nrequest.timeout.ms=10000\n")  # fmt: skip
+    cmd = ["java", "-Xmx512m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",
+           "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn", "-cp", f"{lib}/*",
+           f"{TOOLS}.VerifiableProducer", "--bootstrap-server", cluster.bootstrap(), "--topic", topic,
+           "--max-messages", "6000", "--throughput", "1000", "--acks", "-1",
+           "--producer.config", str(config)]  # fmt: skip
+    out_path = tmp_path / "producer.out"
+    with open(out_path, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True)
+        try:
+            time.sleep(2.0)
+            victim = leader_of(cluster, topic, 0, 1)
+            cluster.nodes[victim].kill9()
+            survivors = [i for i in IDS if i != victim]
+            killed_at = time.monotonic()
+            wait_until(lambda: leader_of(cluster, topic, 0, survivors[0]) in survivors, "a new leader", timeout_s=15)
+            failover_s = time.monotonic() - killed_at
+            proc.wait(timeout=150)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    events = [json.loads(line) for line in out_path.read_text().splitlines() if line.startswith("{")]
+    errors = [e for e in events if e["name"] == "producer_send_error"]
+    acked = [e for e in events if e["name"] == "producer_send_success"]
+    assert not errors, f"{len(errors)} sends failed, first: {errors[0]}"
+    assert len(acked) == 6000, f"{len(acked)} of 6000 acknowledged"
+    assert failover_s < 15
+    # Every acknowledged record is in the log exactly once, at its offset, in order.
+    bootstrap = cluster.bootstrap()
+    sent, got = {}, {}
+    for partition in range(3):
+        log = read_partition(bootstrap, topic, partition)
+        at = dict(log)
+        mine = sorted((e["offset"], e["value"]) for e in acked if e["partition"] == partition)
+        for offset, value in mine:
+            assert at.get(offset) == value, f"p{partition}@{offset}: acked {value!r}, log has {at.get(offset)!r}"
+        sent[partition] = [v for _, v in mine]
+        got[partition] = [v for _, v in log]
+    check(sent, got)
+    # The killed node comes back and catches up into the ISR.
+    cluster.nodes[victim].start()
+    wait_until(lambda: all_led(cluster, topic, 3), "victim back in every ISR", timeout_s=30)
+
+
+def test_stopped_follower_leaves_and_rejoins_isr(cluster):
+    topic = "sigstop"
+    t = replicated_topic(cluster, topic, 1)
+    leader = t.partitions[0].leader
+    follower = next(i for i in IDS if i != leader)
+    proc = cluster.nodes[follower].proc
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        # Writes keep the leader's log moving, so the stopped follower falls behind.
+        sent = produce(cluster.bootstrap(leader), topic, 1, 50, "s")
+        wait_until(
+            lambda: follower not in metadata(leader, cluster, topic).topics[topic].partitions[0].isrs,
+            "stopped follower out of the ISR", timeout_s=20,
+        )  # fmt: skip
+        more = produce(cluster.bootstrap(leader), topic, 1, 50, "t")
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    wait_until(
+        lambda: sorted(metadata(leader, cluster, topic).topics[topic].partitions[0].isrs) == IDS,
+        "follower back in the ISR", timeout_s=30,
+    )  # fmt: skip
+    got = {0: [v for _, v in read_partition(cluster.bootstrap(), topic, 0)]}
+    check({0: sent[0] + more[0]}, got)
+
+
+def test_two_of_three_down_refuses_acks_all_and_loses_nothing(cluster):
+    topic = "minority"
+    t = replicated_topic(cluster, topic, 1)
+    sent = produce(cluster.bootstrap(), topic, 1, 200, "m")
+    leader = t.partitions[0].leader
+    down = [i for i in IDS if i != leader]
+    for i in down:
+        cluster.nodes[i].kill9()
+    p = Producer({"bootstrap.servers": cluster.nodes[leader].bootstrap, "acks": "all",
+                  "message.timeout.ms": 6000, "enable.idempotence": True})  # fmt: skip
+    failures = []
+    p.produce(topic, value=b"no-majority", partition=0, on_delivery=lambda err, msg: failures.append(err))
+    p.flush(30)
+    assert failures and failures[0] is not None, "acks=all succeeded without a majority"
+    for i in down:
+        cluster.nodes[i].start()
+    wait_until(lambda: all_led(cluster, topic, 1), "partition led again with a full ISR", timeout_s=30)
+    log = [v for _, v in read_partition(cluster.bootstrap(), topic, 0)]
+    check(sent, {0: [v for v in log if v != "no-majority"]})
+
+
+def test_whole_cluster_restart_keeps_committed_records(cluster):
+    topic = "restart-all"
+    replicated_topic(cluster, topic, 3)
+    sent = produce(cluster.bootstrap(), topic, 3, 600, "r")
+    cluster.kill()
+    cluster.start()
+    wait_until(lambda: all_led(cluster, topic, 3), "every partition led again", timeout_s=30)
+    got = {p: [v for _, v in read_partition(cluster.bootstrap(), topic, p)] for p in range(3)}
+    check(sent, got)
+
+
+def partition_0(cluster, node_id, topic):
+    """Partition 0 of `topic` as Metadata v8 describes it (leader, leader_epoch, isr)."""
+    conn = Connection(cluster.nodes[node_id].bootstrap)
+    try:
+        md = parse_metadata_v8(conn.request(METADATA, 8, metadata_v8([topic], False)))
+    finally:
+        conn.sock.close()
+    return md["topics"][topic]["partitions"][0]
+
+
+def test_offset_for_leader_epoch_after_failover(cluster):
+    topic = "epochs"
+    replicated_topic(cluster, topic, 1)
+    first = partition_0(cluster, 2, topic)
+    produce(cluster.bootstrap(), topic, 1, 10, "e")
+    cluster.nodes[first["leader"]].kill9()
+    survivors = [i for i in IDS if i != first["leader"]]
+    new = wait_until(
+        lambda: (lambda p: p if p["leader"] in survivors and p["leader_epoch"] > first["leader_epoch"] else None)(
+            partition_0(cluster, survivors[0], topic)),
+        "a new leader with a newer epoch", timeout_s=15,
+    )  # fmt: skip
+    produce(cluster.nodes[new["leader"]].bootstrap, topic, 1, 10, "f")
+    port = cluster.nodes[new["leader"]].port
+    # The old epoch ends where the new leader's first batch begins; the current epoch ends
+    # at the log end.
+    old = offset_for_leader_epoch(port, topic, 0, first["leader_epoch"], new["leader_epoch"])
+    cur = offset_for_leader_epoch(port, topic, 0, new["leader_epoch"], new["leader_epoch"])
+    assert old["error_code"] == 0 and cur["error_code"] == 0, (old, cur)
+    assert old["leader_epoch"] <= first["leader_epoch"] and old["end_offset"] >= 10, old
+    assert cur["leader_epoch"] == new["leader_epoch"] and cur["end_offset"] > old["end_offset"], (old, cur)
+    stale = offset_for_leader_epoch(port, topic, 0, first["leader_epoch"], first["leader_epoch"])
+    assert stale["error_code"] == 74, stale  # FENCED_LEADER_EPOCH: the caller's epoch is old

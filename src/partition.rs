@@ -46,24 +46,35 @@ pub struct Appended {
 pub enum AppendStep {
     /// Appended to the local log (unreplicated): wait for durability as acks asks.
     Local(Appended),
-    /// Proposed to the Raft group (replicated): resolves once committed.
-    Replicated(LocalBoxFuture<'static, Result<Appended, BrokerError>>),
+    /// Proposed to the Raft group (replicated). `appended` is where the leader's log puts
+    /// it; `commit` resolves once it is committed (the proposal is under way either way).
+    Replicated {
+        appended: Appended,
+        commit: LocalBoxFuture<'static, Result<Appended, BrokerError>>,
+    },
 }
 
 impl AppendStep {
-    /// Waits until the batch counts as written: committed when replicated; fsynced when
-    /// unreplicated and `durable` (acks=all).
-    pub async fn finish(self, log: &Log, durable: bool) -> Result<Appended, BrokerError> {
+    /// Waits until the batch counts as written. Unreplicated: fsynced when `durable`.
+    /// Replicated: committed (on a majority) when `committed` (acks=all), otherwise on the
+    /// leader's disk (acks=1).
+    pub async fn finish(
+        self,
+        log: &Log,
+        durable: bool,
+        committed: bool,
+    ) -> Result<Appended, BrokerError> {
+        let wait_local = |appended: Appended| async move {
+            log.wait_durable(appended.end_offset)
+                .await
+                .map_err(|e| BrokerError::Storage(e.to_string()))?;
+            Ok(appended)
+        };
         match self {
-            AppendStep::Local(appended) => {
-                if durable {
-                    log.wait_durable(appended.end_offset)
-                        .await
-                        .map_err(|e| BrokerError::Storage(e.to_string()))?;
-                }
-                Ok(appended)
-            }
-            AppendStep::Replicated(commit) => commit.await,
+            AppendStep::Local(appended) if durable => wait_local(appended).await,
+            AppendStep::Local(appended) => Ok(appended),
+            AppendStep::Replicated { commit, .. } if committed => commit.await,
+            AppendStep::Replicated { appended, .. } => wait_local(appended).await,
         }
     }
 }
@@ -257,7 +268,7 @@ impl Partition {
             return Err(BrokerError::Storage(e.to_string()));
         }
         if let Some(replica) = &self.replica {
-            replica.ready(&self.producers)?;
+            replica.ready(&self.producers, self.log.end_offset())?;
         }
         let settings = self.settings.borrow().clone();
         // Kafka answers INVALID_RECORD for anything that is not one whole v2 batch, and
@@ -347,16 +358,17 @@ impl Partition {
                 if self.replica.is_none() {
                     return Ok(AppendStep::Local(appended));
                 }
-                // In the log, maybe not yet committed: answer once it is.
+                // In the log, maybe not yet committed: acks=all answers once it is.
                 let me = self.clone();
-                return Ok(AppendStep::Replicated(
-                    async move {
+                return Ok(AppendStep::Replicated {
+                    appended,
+                    commit: async move {
                         let replica = me.replica.as_ref().expect("replicated");
                         replica.wait_committed(appended.end_offset).await?;
                         Ok(appended)
                     }
                     .boxed_local(),
-                ));
+                });
             }
             SequenceCheck::OutOfOrder => return Err(BrokerError::OutOfOrderSequence),
             SequenceCheck::StaleEpoch => return Err(BrokerError::InvalidProducerEpoch),
@@ -373,29 +385,51 @@ impl Partition {
             }
             -1
         };
-        if self.replica.is_some() {
-            // The leader's offsets follow its log end; its producer state records the batch
-            // at once, so pipelined batches of one producer pass the sequence check.
-            let stored = BatchHeader {
-                base_offset: self.log.end_offset(),
-                ..header
+        if let Some(replica) = &self.replica {
+            // A ready leader is the only writer of its log in its term, so it knows where
+            // the batch will land; its producer state records it at once, so pipelined
+            // batches of one producer pass the sequence check.
+            let base_offset = replica.reserve(i64::from(header.record_count));
+            let appended = Appended {
+                base_offset,
+                end_offset: base_offset + i64::from(header.record_count),
+                log_append_time_ms,
+                duplicate: false,
             };
-            self.producers.borrow_mut().record(&stored);
+            self.producers.borrow_mut().record(&BatchHeader {
+                base_offset,
+                ..header
+            });
+            // Proposed now, in request order, whatever the caller waits for.
+            let (tx, rx) = futures::channel::oneshot::channel();
             let me = self.clone();
             let bytes = bytes.freeze();
-            return Ok(AppendStep::Replicated(
-                async move {
-                    let replica = me.replica.as_ref().expect("replicated");
-                    let (base_offset, end_offset) = replica.replicate(bytes).await?;
-                    Ok(Appended {
-                        base_offset,
-                        end_offset,
-                        log_append_time_ms,
-                        duplicate: false,
-                    })
+            glommio::spawn_local(async move {
+                let replica = me.replica.as_ref().expect("replicated");
+                let committed = replica.replicate(bytes).await.map(|(base, end)| {
+                    if base != appended.base_offset {
+                        // Only a proposal that outlived its term can land elsewhere (openraft
+                        // took it in a later term of this same leader); the log's word wins.
+                        tracing::warn!(topic = %me.topic, partition = me.index, predicted = appended.base_offset,
+                            actual = base, "replicated batch landed at another offset than predicted");
+                    }
+                    Appended {
+                        base_offset: base,
+                        end_offset: end,
+                        ..appended
+                    }
+                });
+                let _ = tx.send(committed);
+            })
+            .detach();
+            return Ok(AppendStep::Replicated {
+                appended,
+                commit: async move {
+                    rx.await
+                        .unwrap_or_else(|_| Err(BrokerError::NotLeaderOrFollower))
                 }
                 .boxed_local(),
-            ));
+            });
         }
         let active_before = self.log.active_base_offset();
         let info = self

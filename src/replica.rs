@@ -88,6 +88,8 @@ pub struct Replica {
     applied_producers: Rc<RefCell<ProducerStates>>,
     /// The term whose start reset the leader's producer state.
     ready_term: Cell<Option<u64>>,
+    /// Where the leader's next proposed batch lands in its log.
+    next_offset: Cell<i64>,
     /// When each follower last had the leader's whole log (leader only).
     caught_up: RefCell<HashMap<u64, Instant>>,
     lag_max: Duration,
@@ -172,6 +174,7 @@ impl Replica {
             hw_waiters,
             applied_producers,
             ready_term: Cell::new(None),
+            next_offset: Cell::new(0),
             caught_up: RefCell::new(HashMap::new()),
             lag_max,
         };
@@ -215,16 +218,29 @@ impl Replica {
     /// Checks this replica may take produce requests now (it leads and has applied all of
     /// earlier terms); at the start of each term the leader's producer state is reset from
     /// the applied one.
-    pub fn ready(&self, producers: &RefCell<ProducerStates>) -> Result<(), BrokerError> {
+    pub fn ready(
+        &self,
+        producers: &RefCell<ProducerStates>,
+        log_end: i64,
+    ) -> Result<(), BrokerError> {
         if !self.is_leader() {
             return Err(BrokerError::NotLeaderOrFollower);
         }
         let term = self.raft.metrics().borrow_watched().current_term;
         if self.ready_term.get() != Some(term) {
+            // Everything before this term is applied, and nothing of it is proposed yet.
             *producers.borrow_mut() = self.applied_producers.borrow().clone();
+            self.next_offset.set(log_end);
             self.ready_term.set(Some(term));
         }
         Ok(())
+    }
+
+    /// The offset the next proposed batch of `records` records gets, on a ready leader.
+    pub fn reserve(&self, records: i64) -> i64 {
+        let base = self.next_offset.get();
+        self.next_offset.set(base + records);
+        base
     }
 
     /// Replicates `batch` and returns the Kafka offsets it got once it is committed.

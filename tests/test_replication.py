@@ -223,3 +223,19 @@ def test_offset_for_leader_epoch_after_failover(cluster):
     assert cur["leader_epoch"] == new["leader_epoch"] and cur["end_offset"] > old["end_offset"], (old, cur)
     stale = offset_for_leader_epoch(port, topic, 0, first["leader_epoch"], first["leader_epoch"])
     assert stale["error_code"] == 74, stale  # FENCED_LEADER_EPOCH: the caller's epoch is old
+
+
+def test_acks_one_answers_from_the_leader_and_replicates(cluster):
+    topic = "acks-one"
+    replicated_topic(cluster, topic, 1)
+    p = Producer({"bootstrap.servers": cluster.bootstrap(), "acks": "1", "enable.idempotence": False})
+    acked = []
+    for i in range(200):
+        p.produce(topic, value=f"a-{i}".encode(), partition=0,
+                  on_delivery=lambda err, msg: acked.append((err, msg.offset(), msg.value().decode())))  # fmt: skip
+    assert p.flush(30) == 0
+    assert all(err is None for err, _, _ in acked), [a for a in acked if a[0] is not None][:3]
+    # The offsets the leader answered with are where the records are, on every later leader.
+    log = dict(read_partition(cluster.bootstrap(), topic, 0))
+    assert all(log.get(offset) == value for _, offset, value in acked)
+    check({0: [v for _, _, v in sorted(acked, key=lambda a: a[1])]}, {0: [log[o] for o in sorted(log)]})

@@ -424,11 +424,8 @@ impl Partition {
             .detach();
             return Ok(AppendStep::Replicated {
                 appended,
-                commit: async move {
-                    rx.await
-                        .unwrap_or_else(|_| Err(BrokerError::NotLeaderOrFollower))
-                }
-                .boxed_local(),
+                commit: async move { rx.await.unwrap_or(Err(BrokerError::NotLeaderOrFollower)) }
+                    .boxed_local(),
             });
         }
         let active_before = self.log.active_base_offset();

@@ -1,8 +1,9 @@
 //! ferrolog, the broker: Kafka protocol, shards, partitions, the controller, configuration.
 //!
-//! Layering (DESIGN.md): this crate -> `ferrolog_io` (storage). Nothing here blocks a shard's
-//! executor on the data path; partition state is shard-local (`Rc`/`RefCell`), shards talk
-//! only through `shard::Shard::invoke_on`.
+//! Layering (DESIGN.md): this crate -> `ferrolog_raft` (replication: the controller quorum
+//! in `quorum`, replicated partitions in `replica`) -> `ferrolog_io` (storage). Nothing here
+//! blocks a shard's executor on the data path; partition state is shard-local
+//! (`Rc`/`RefCell`), shards talk only through `shard::Shard::invoke_on`.
 //!
 //! The binary (`src/main.rs`) only parses the command line; everything else is here so the
 //! fuzz targets and tests can reach the parsers.

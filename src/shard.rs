@@ -3,8 +3,10 @@
 //! Shards share nothing mutable. They talk through a glommio `channel_mesh` of bounded
 //! channels carrying jobs (`invoke_on`): a closure that runs on the target shard, whose result
 //! comes back over a oneshot. A job's synchronous part runs in the order jobs arrive, which is
-//! what keeps appends from one connection in order. Shard 0 also runs the controller (cluster
-//! metadata) and publishes each new `MetadataImage` to every shard.
+//! what keeps appends from one connection in order. Shard 0 also runs the controller quorum
+//! (cluster metadata in Raft group 0, `quorum`), publishes each committed `MetadataImage` to
+//! every shard, and hosts the replicated partitions with their Raft groups (`replica`), all
+//! on one Raft transport; unreplicated partitions are spread over the shards.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};

@@ -9,6 +9,8 @@
 //! - [`store`]: `LogStore`, openraft's log storage over io/'s `Log`; passes openraft's
 //!   log-store suite (`openraft::testing::log::Suite`).
 //! - [`state_machine`]: the commit point of a partition, which becomes its high watermark.
+//! - [`wire`] and [`network`]: Raft traffic between nodes, every group of a shard over one
+//!   connection per peer, with writes coalesced.
 //!
 //! Choices forced by openraft, and what they mean for Kafka semantics:
 //! - Leader ids are openraft's "standard" ones (one leader per term), so an entry's id is
@@ -19,9 +21,13 @@
 //! - openraft requires appended entries to be readable before they are fsynced; io/ reads
 //!   stop at the durable offset, so the store keeps not-yet-durable entries in memory.
 //!
-//! Not built yet (issue 4): the transport between nodes, wiring the partitions and the
-//! controller onto these groups, and a snapshot that tells a lagging follower which Kafka
-//! offset to resume at (snapshots carry no data today).
+//! - openraft heartbeats each group separately (there is no shared heartbeat), so idle groups
+//!   cost CPU in proportion to their number; node-level liveness with quiescent groups would
+//!   remove that and is not built.
+//!
+//! Not built yet: a snapshot that tells a lagging follower which Kafka offset to resume at
+//! (snapshots carry no data, and logs are never purged, so none is needed until retention
+//! goes through Raft).
 pub mod entry;
 pub mod network;
 pub mod runtime;

@@ -636,7 +636,8 @@ impl BrokerConfig {
                 }
             };
             match key.as_str() {
-                "node.id" | "broker.id" => self.node_id = int(0, i64::from(i32::MAX))? as i32,
+                // Producer ids are `node.id << 40` plus a counter (metadata::ProducerIds).
+                "node.id" | "broker.id" => self.node_id = int(0, (1 << 23) - 1)? as i32,
                 "listeners" => {
                     let (host, port) = parse_listener(v, key)?;
                     let bind_host = if host.is_empty() {

@@ -118,12 +118,12 @@ impl BrokerError {
     pub fn from_log(e: LogError) -> BrokerError {
         match e {
             LogError::OffsetOutOfRange { .. } => BrokerError::OffsetOutOfRange,
+            // Only Raft truncates a log: the batch waited on was not committed and a new
+            // leader replaced it.
+            LogError::Truncated => BrokerError::NotLeaderOrFollower,
             LogError::Io(_)
             | LogError::Corrupt(_)
             | LogError::InvalidBatch(_)
-            // Nothing truncates a partition log until replication does; a truncated wait is
-            // then a lost leadership, which the partition layer answers before this is reached.
-            | LogError::Truncated
             | LogError::Closed => BrokerError::Storage(e.to_string()),
         }
     }

@@ -46,35 +46,27 @@ pub struct Appended {
 pub enum AppendStep {
     /// Appended to the local log (unreplicated): wait for durability as acks asks.
     Local(Appended),
-    /// Proposed to the Raft group (replicated). `appended` is where the leader's log puts
-    /// it; `commit` resolves once it is committed (the proposal is under way either way).
+    /// Proposed to the Raft group (replicated): `commit` resolves once it is committed (the
+    /// proposal is under way whether or not anyone waits).
     Replicated {
-        appended: Appended,
         commit: LocalBoxFuture<'static, Result<Appended, BrokerError>>,
     },
 }
 
 impl AppendStep {
     /// Waits until the batch counts as written. Unreplicated: fsynced when `durable`.
-    /// Replicated: committed (on a majority) when `committed` (acks=all), otherwise on the
-    /// leader's disk (acks=1).
-    pub async fn finish(
-        self,
-        log: &Log,
-        durable: bool,
-        committed: bool,
-    ) -> Result<Appended, BrokerError> {
-        let wait_local = |appended: Appended| async move {
-            log.wait_durable(appended.end_offset)
-                .await
-                .map_err(|e| BrokerError::Storage(e.to_string()))?;
-            Ok(appended)
-        };
+    /// Replicated: committed on a majority, whatever the acks (see the README: acks=1 is
+    /// answered at commit too, which is stronger than Kafka's leader-only acks=1).
+    pub async fn finish(self, log: &Log, durable: bool) -> Result<Appended, BrokerError> {
         match self {
-            AppendStep::Local(appended) if durable => wait_local(appended).await,
+            AppendStep::Local(appended) if durable => {
+                log.wait_durable(appended.end_offset)
+                    .await
+                    .map_err(|e| BrokerError::Storage(e.to_string()))?;
+                Ok(appended)
+            }
             AppendStep::Local(appended) => Ok(appended),
-            AppendStep::Replicated { commit, .. } if committed => commit.await,
-            AppendStep::Replicated { appended, .. } => wait_local(appended).await,
+            AppendStep::Replicated { commit, .. } => commit.await,
         }
     }
 }
@@ -361,7 +353,6 @@ impl Partition {
                 // In the log, maybe not yet committed: acks=all answers once it is.
                 let me = self.clone();
                 return Ok(AppendStep::Replicated {
-                    appended,
                     commit: async move {
                         let replica = me.replica.as_ref().expect("replicated");
                         replica.wait_committed(appended.end_offset).await?;
@@ -388,7 +379,8 @@ impl Partition {
         if let Some(replica) = &self.replica {
             // A ready leader is the only writer of its log in its term, so it knows where
             // the batch will land; its producer state records it at once, so pipelined
-            // batches of one producer pass the sequence check.
+            // batches of one producer pass the sequence check. The answer carries the offset
+            // the commit reports.
             let base_offset = replica.reserve(i64::from(header.record_count));
             let appended = Appended {
                 base_offset,
@@ -423,7 +415,6 @@ impl Partition {
             })
             .detach();
             return Ok(AppendStep::Replicated {
-                appended,
                 commit: async move { rx.await.unwrap_or(Err(BrokerError::NotLeaderOrFollower)) }
                     .boxed_local(),
             });

@@ -56,6 +56,10 @@ const METADATA_DIR: &str = "__cluster_metadata-0";
 const STATE_KEY: &[u8] = b"cluster-state";
 /// How often the controller loop looks at leadership, registration and liveness.
 const TICK: Duration = Duration::from_millis(200);
+/// How often each node pings each peer (node liveness for the quiescent partition groups).
+const KEEPALIVE_INTERVAL: Duration = Duration::from_millis(250);
+/// Least time between two ISR-only reports of one partition.
+const ISR_REPORT_INTERVAL: Duration = Duration::from_secs(2);
 /// How long a proposal may wait for its commit.
 const PROPOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -116,6 +120,10 @@ pub async fn forward_create_topics(
                 None => Ok(()),
                 Some((36, m)) => Err(BrokerError::TopicAlreadyExists(m)),
                 Some((41, _)) => Err(BrokerError::NotController),
+                Some((17, m)) => Err(BrokerError::InvalidTopic(m)),
+                Some((37, m)) => Err(BrokerError::InvalidPartitions(m)),
+                Some((38, m)) => Err(BrokerError::InvalidReplicationFactor(m)),
+                Some((40, m)) => Err(BrokerError::InvalidConfig(m)),
                 Some((_, m)) => Err(BrokerError::RequestTimedOut(m)),
             })
             .collect(),
@@ -198,6 +206,13 @@ impl Quorum {
             let listener = glommio::net::TcpListener::bind(addr)
                 .map_err(|e| anyhow::anyhow!("cannot listen for Raft traffic on {addr}: {e}"))?;
             transport.serve(listener);
+            let peers = config
+                .voters
+                .iter()
+                .filter(|(id, _)| **id != node_id)
+                .map(|(id, addr)| (*id as u64, addr.to_string()))
+                .collect();
+            transport.keepalive(peers, KEEPALIVE_INTERVAL);
             let weak = Rc::downgrade(shard);
             transport.set_forward_handler(Rc::new(move |payload: Bytes| {
                 let shard = weak.upgrade();
@@ -394,7 +409,24 @@ fn leader_reports(shard: &Rc<Shard>, applied: &ClusterState) -> Vec<(String, Lea
                 isr: replica.in_sync_replicas(),
             };
             let key = partition_key(&p.topic_id, p.index);
-            (applied.leaders.get(&key) != Some(&record)).then_some((key, record))
+            let current = applied.leaders.get(&key);
+            if current == Some(&record) {
+                return None;
+            }
+            // Leadership changes go at once; ISR-only changes at most every 2 s, so a
+            // flapping follower does not flood the metadata log.
+            let isr_only =
+                current.is_some_and(|c| c.leader == record.leader && c.epoch == record.epoch);
+            if isr_only
+                && replica
+                    .isr_reported_at
+                    .get()
+                    .is_some_and(|t| t.elapsed() < ISR_REPORT_INTERVAL)
+            {
+                return None;
+            }
+            replica.isr_reported_at.set(Some(Instant::now()));
+            Some((key, record))
         })
         .collect()
 }
@@ -443,6 +475,16 @@ async fn controller_loop(shard: Weak<Shard>, quorum: Rc<Quorum>) {
             fenced: false,
         };
         let applied = shard.with_controller(|c| c.applied().cloned());
+        // Partition groups have no election timers of their own (see replica.rs).
+        for p in shard.replicated_partitions() {
+            let recorded = applied
+                .as_ref()
+                .and_then(|s| s.leaders.get(&partition_key(&p.topic_id, p.index)))
+                .map(|l| l.leader);
+            if let Some(replica) = &p.replica {
+                replica.watch(recorded).await;
+            }
+        }
         if !quorum.is_ready_leader() {
             leading_since = None;
         }

@@ -7,8 +7,8 @@
 //! - HW = the offset after the last applied (committed) entry, on every replica;
 //! - ISR = the leader plus the followers whose log reached the leader's end within
 //!   `replica.lag.time.max.ms`;
-//! - acks=all (and acks=1, see the README) answer once the entry is committed, i.e. fsynced
-//!   on a majority. There is no unclean election: Raft only elects a node holding every
+//! - acks=all and acks=1 both answer once the entry is committed, i.e. fsynced on a
+//!   majority (acks=1 is stronger than Kafka's, see the README). There is no unclean election: Raft only elects a node holding every
 //!   committed entry.
 //!
 //! A leader takes produce requests only once it has applied every entry of earlier terms
@@ -44,6 +44,11 @@ use crate::types::now_ms;
 
 /// How long a produce waits for its batch to commit before REQUEST_TIMED_OUT.
 const COMMIT_TIMEOUT: Duration = Duration::from_secs(30);
+/// A leader node silent this long is presumed dead by its groups' followers.
+const LEADER_DEAD_AFTER: Duration = Duration::from_millis(1500);
+/// Followers stand for election one after another, in replica order, this far apart, so one
+/// of them usually wins at the first try.
+const ELECTION_STAGGER: Duration = Duration::from_millis(700);
 
 /// The Raft group id of a partition: the same on every node, never the controller's 0.
 pub fn group_id(topic_id: &Uuid, partition: i32) -> GroupId {
@@ -56,10 +61,16 @@ pub fn group_id(topic_id: &Uuid, partition: i32) -> GroupId {
 }
 
 fn raft_config() -> Arc<openraft::Config> {
-    // Every group heartbeats its followers on its own (openraft has no shared heartbeat), so
-    // the interval is what idle partitions cost: 500 ms keeps a failover within ~3-4 s.
+    // Quiescent groups: no per-group heartbeats and no per-group election timers, which
+    // would cost CPU for every idle partition. Liveness is per node instead (the transport's
+    // keepalive), and `Replica::watch` starts an election when a group's leader node is dead.
+    // Without heartbeats or election timers, openraft's per-group tick has nothing to do,
+    // so it is off too (a tick is a timer wake-up per group, ~10 per second).
     let config = openraft::Config {
         cluster_name: "ferrolog-partition".into(),
+        enable_tick: false,
+        enable_heartbeat: false,
+        enable_elect: false,
         heartbeat_interval: 500,
         election_timeout_min: 2000,
         election_timeout_max: 3500,
@@ -94,7 +105,16 @@ pub struct Replica {
     next_offset: Cell<i64>,
     /// When each follower last had the leader's whole log (leader only).
     caught_up: RefCell<HashMap<u64, Instant>>,
+    /// The leader's last log index at the previous ISR sample (Kafka's rule: a follower is
+    /// caught up when it has what the leader had a moment ago).
+    previous_end: Cell<Option<u64>>,
+    /// When this leader last reported an ISR-only change to the controller.
+    pub isr_reported_at: Cell<Option<Instant>>,
     lag_max: Duration,
+    transport: Rc<Transport>,
+    replicas: Vec<i32>,
+    /// Since when this follower has seen no live leader.
+    leaderless_since: Cell<Option<Instant>>,
 }
 
 impl Replica {
@@ -178,7 +198,12 @@ impl Replica {
             ready_term: Cell::new(None),
             next_offset: Cell::new(0),
             caught_up: RefCell::new(HashMap::new()),
+            previous_end: Cell::new(None),
+            isr_reported_at: Cell::new(None),
             lag_max,
+            transport: transport.clone(),
+            replicas: replicas.to_vec(),
+            leaderless_since: Cell::new(None),
         };
         Ok((log, replica))
     }
@@ -287,24 +312,71 @@ impl Replica {
         let now = Instant::now();
         let mut caught_up = self.caught_up.borrow_mut();
         let mut isr = vec![self.node_id as i32];
+        let target = self
+            .previous_end
+            .replace(m.last_log_index)
+            .min(m.last_log_index);
         if let Some(replication) = &m.replication {
             for (id, matched) in replication {
                 if *id == self.node_id {
                     continue;
                 }
-                let at_end = matched.map(|l| l.index) >= m.last_log_index;
+                let at_end = matched.map(|l| l.index) >= target;
                 if at_end {
                     caught_up.insert(*id, now);
                 }
-                // A new leader counts a follower in until it has had lag_max to catch up.
+                // A new leader counts a follower in until it has had lag_max to catch up; a
+                // quiet partition has no traffic to lag behind, so a follower whose node
+                // stopped answering pings leaves too.
                 let since = *caught_up.entry(*id).or_insert(now);
-                if now.duration_since(since) <= self.lag_max {
+                if now.duration_since(since) <= self.lag_max
+                    && self.transport.is_alive(*id, self.lag_max)
+                {
                     isr.push(*id as i32);
                 }
             }
         }
         isr.sort_unstable();
         isr
+    }
+
+    /// Called every controller tick: a follower whose leader's node is dead (or that is named
+    /// leader by the metadata after a restart but does not lead) stands for election, after
+    /// `LEADER_DEAD_AFTER` plus its place among the replicas times `ELECTION_STAGGER`.
+    /// `recorded` is the leader the controller's metadata names.
+    pub async fn watch(&self, recorded: Option<i32>) {
+        if self.is_leader() {
+            self.leaderless_since.set(None);
+            return;
+        }
+        let me = self.node_id as i32;
+        let leader = self.leader().or(recorded);
+        let healthy = match leader {
+            // Just elected, not ready yet: nothing to do.
+            Some(l) if l == me => self.leader() == Some(me),
+            Some(l) => self.transport.is_alive(l as u64, LEADER_DEAD_AFTER),
+            None => false,
+        };
+        if healthy {
+            self.leaderless_since.set(None);
+            return;
+        }
+        let now = Instant::now();
+        let since = self.leaderless_since.get().unwrap_or(now);
+        self.leaderless_since.set(Some(since));
+        let rank = self
+            .replicas
+            .iter()
+            .filter(|r| Some(**r) != leader || **r == me)
+            .position(|r| *r == me)
+            .unwrap_or(0) as u32;
+        if now.duration_since(since) >= LEADER_DEAD_AFTER + ELECTION_STAGGER * rank {
+            // Re-armed: if this election fails, the next try comes a full period later.
+            self.leaderless_since.set(Some(now));
+            if let Err(e) = self.raft.trigger().elect(false).await {
+                tracing::warn!(error = %e, "cannot start an election");
+            }
+        }
     }
 
     /// OffsetForLeaderEpoch: (largest epoch <= `epoch`, offset after its last batch).

@@ -207,16 +207,25 @@ fn agreed_leader(nodes: &mut BTreeMap<u64, Node>, g: GroupId) -> Option<u64> {
     (seen.iter().all(|s| *s == Some(first)) && nodes.contains_key(&first)).then_some(first)
 }
 
-/// Writes `n` batches of 1..=4 records to every group through its leader.
+/// Writes `n` batches of 1..=4 records to every group through its leader. A write the
+/// node refuses because it no longer leads (ForwardToLeader: never appended) goes to the new
+/// leader; any other failure fails the test.
 fn write_batches(nodes: &mut BTreeMap<u64, Node>, n: i32) {
     for g in (0..GROUPS).map(GroupId) {
-        let leader = wait_for("a leader", || agreed_leader(nodes, g));
         for i in 0..n {
-            let result = nodes
-                .get_mut(&leader)
-                .unwrap()
-                .ask(|r| Command::Write(g, 1 + i % 4, r));
-            result.unwrap_or_else(|e| panic!("write to group {} via node {leader}: {e}", g.0));
+            let mut attempts = 0;
+            loop {
+                let leader = wait_for("a leader", || agreed_leader(nodes, g));
+                let result = nodes
+                    .get_mut(&leader)
+                    .unwrap()
+                    .ask(|r| Command::Write(g, 1 + i % 4, r));
+                match result {
+                    Ok(_) => break,
+                    Err(e) if e.contains("forward request") && attempts < 20 => attempts += 1,
+                    Err(e) => panic!("write to group {} via node {leader}: {e}", g.0),
+                }
+            }
         }
     }
 }

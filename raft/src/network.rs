@@ -43,6 +43,8 @@ pub type GroupRaft = Raft<PartitionRaft, PartitionStateMachine>;
 pub const PEER_BUFFER_BYTES_MAX: usize = 64 << 20;
 /// Most requests from one connection served at once.
 pub const SERVER_IN_FLIGHT_MAX: usize = 1024;
+/// Most bytes of requests from one connection held at once, in KiB (permits).
+const SERVER_IN_FLIGHT_KIB_MAX: usize = 256 << 10;
 /// How long a connect may take before the peer counts as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -164,6 +166,30 @@ impl Transport {
         peer.clone()
     }
 
+    /// Pings every peer each `interval`, so `is_alive` knows which nodes answer: one small
+    /// frame per peer per interval, however many groups the two nodes share. Groups that
+    /// do not heartbeat themselves rely on it to notice a dead leader.
+    pub fn keepalive(self: &Rc<Self>, peers: Vec<(u64, String)>, interval: Duration) {
+        for (node_id, addr) in peers {
+            let peer = self.peer(node_id, &addr);
+            self.tasks.spawn(async move {
+                loop {
+                    let _ = peer.call(GroupId(0), Message::Ping, interval * 4).await;
+                    glommio::timer::sleep(interval).await;
+                }
+            });
+        }
+    }
+
+    /// Whether `node_id` answered anything within `within` (true for a peer never contacted:
+    /// it gets the benefit of the doubt until its first call fails to get an answer).
+    pub fn is_alive(&self, node_id: u64, within: Duration) -> bool {
+        self.peers
+            .borrow()
+            .get(&node_id)
+            .is_none_or(|p| p.last_reply.get().elapsed() < within)
+    }
+
     /// Accepts peers' connections and serves them until the listener fails or `shutdown`.
     pub fn serve(self: &Rc<Self>, listener: TcpListener) {
         let me = self.clone();
@@ -193,14 +219,22 @@ impl Transport {
         let out = Rc::new(Outbox::default());
         let writer_task = glommio::spawn_local(write_loop(writer, out.clone()));
         let in_flight = std::sync::Arc::new(Semaphore::new(SERVER_IN_FLIGHT_MAX));
+        let in_flight_kib = std::sync::Arc::new(Semaphore::new(SERVER_IN_FLIGHT_KIB_MAX));
         let result = async {
             loop {
-                let Some(frame) = read_frame(&mut reader).await? else {
+                let Some((frame, bytes)) = read_frame(&mut reader).await? else {
                     return Ok(());
                 };
                 let permit = in_flight
                     .clone()
                     .acquire_owned()
+                    .await
+                    .expect("never closed");
+                // Waiting here stops reading from the peer: backpressure by bytes as well.
+                let kib = (bytes / 1024).clamp(1, SERVER_IN_FLIGHT_KIB_MAX) as u32;
+                let memory = in_flight_kib
+                    .clone()
+                    .acquire_many_owned(kib)
                     .await
                     .expect("never closed");
                 let me = self.clone();
@@ -212,7 +246,7 @@ impl Transport {
                         group: frame.group,
                         message: reply,
                     });
-                    drop(permit);
+                    drop((permit, memory));
                 })
                 .detach();
             }
@@ -224,6 +258,9 @@ impl Transport {
     }
 
     async fn handle(&self, group: GroupId, message: Message) -> Message {
+        if let Message::Ping = message {
+            return Message::Pong;
+        }
         if let Message::Forward(payload) = message {
             let handler = self.forward.borrow().clone();
             return match handler {
@@ -271,7 +308,10 @@ impl Outbox {
         if self.closed.get() || self.buf.borrow().len() >= PEER_BUFFER_BYTES_MAX {
             return false;
         }
-        wire::encode(frame, &mut self.buf.borrow_mut());
+        if let Err(e) = wire::encode(frame, &mut self.buf.borrow_mut()) {
+            tracing::warn!(error = %e, group = frame.group.0, "raft frame not sent");
+            return false;
+        }
         self.ready.notify_one();
         true
     }
@@ -311,10 +351,10 @@ async fn write_loop(
     }
 }
 
-/// The next frame, or `None` at a clean end of stream.
+/// The next frame and its size in bytes, or `None` at a clean end of stream.
 async fn read_frame(
     reader: &mut futures::io::ReadHalf<TcpStream>,
-) -> std::io::Result<Option<Frame>> {
+) -> std::io::Result<Option<(Frame, usize)>> {
     let mut prefix = [0u8; 4];
     match reader.read_exact(&mut prefix).await {
         Ok(()) => {}
@@ -327,7 +367,9 @@ async fn read_frame(
         .expect("4-byte prefix");
     let mut body = vec![0u8; total - 4];
     reader.read_exact(&mut body).await?;
-    wire::decode(Bytes::from(body)).map(Some).map_err(invalid)
+    wire::decode(Bytes::from(body))
+        .map(|f| Some((f, total)))
+        .map_err(invalid)
 }
 
 /// One peer node: its address, the connection to it and the RPCs waiting for replies.
@@ -444,7 +486,7 @@ impl Peer {
                     break;
                 };
                 match next {
-                    Ok(Some(frame)) => {
+                    Ok(Some((frame, _))) => {
                         me.last_reply.set(std::time::Instant::now());
                         if let Some(tx) = me.waiting.borrow_mut().remove(&frame.correlation) {
                             let _ = tx.send(frame.message);
@@ -501,6 +543,16 @@ impl PeerClient {
     }
 }
 
+/// Bytes of entries one append request carries at most (well under `FRAME_BYTES_MAX`).
+const APPEND_BYTES_MAX: usize = 16 << 20;
+
+fn entry_bytes(e: &crate::entry::Entry) -> usize {
+    match &e.payload {
+        openraft::EntryPayload::Normal(b) => b.0.len(),
+        _ => 256,
+    }
+}
+
 fn wrong_reply(reply: Message) -> NetworkError<PartitionRaft> {
     NetworkError::new(&Protocol(format!("unexpected reply {reply:?}")))
 }
@@ -510,10 +562,30 @@ impl RaftNetworkV2<PartitionRaft> for PeerClient {
 
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<PartitionRaft>,
+        mut rpc: AppendEntriesRequest<PartitionRaft>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<PartitionRaft>, RPCError<PartitionRaft>> {
+        // A frame holds at most APPEND_BYTES_MAX of entries (at least one): the rest goes
+        // in the next request, and openraft learns how far this one got.
+        let mut bytes = 0;
+        let fits = rpc
+            .entries
+            .iter()
+            .take_while(|e| {
+                bytes += entry_bytes(e);
+                bytes <= APPEND_BYTES_MAX
+            })
+            .count()
+            .max(1);
+        let cut = fits < rpc.entries.len();
+        if cut {
+            rpc.entries.truncate(fits);
+        }
+        let last = rpc.entries.last().map(|e| e.log_id);
         match self.rpc(Message::Append(rpc), option.hard_ttl()).await? {
+            Message::AppendReply(AppendEntriesResponse::Success) if cut => {
+                Ok(AppendEntriesResponse::PartialSuccess(last))
+            }
             Message::AppendReply(reply) => Ok(reply),
             other => Err(wrong_reply(other).into()),
         }

@@ -173,7 +173,14 @@ impl LogStore {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Meta::default(),
             Err(e) => return Err(e),
         };
+        let mut meta = meta;
         let positions = walk_headers(&log, meta.first_offset).await?;
+        // A commit point past the log (written before the flusher, by an older version) is
+        // dropped: the leader tells the node again.
+        let last = meta.first_index + positions.len() as u64;
+        if meta.committed.is_some_and(|c| c.index >= last) {
+            meta.committed = None;
+        }
         let inner = Inner {
             dir: dir.to_path_buf(),
             meta,
@@ -353,6 +360,14 @@ impl RaftLogStorage<PartitionRaft> for LogStore {
     async fn save_committed(&mut self, committed: Option<EntryLogId>) -> io::Result<()> {
         if !self.persist_committed || self.inner.borrow().meta.committed == committed {
             return Ok(());
+        }
+        // openraft may call this before the entry is on this node's disk; a commit point
+        // past the durable log would not survive a crash, so it waits for the flusher.
+        let end = committed.and_then(|c| self.view().end_offset(c.index));
+        match end {
+            Some(end) => self.log.wait_durable(end).await.map_err(io_err)?,
+            None if committed.is_some() => return Ok(()),
+            None => {}
         }
         self.inner.borrow_mut().meta.committed = committed;
         self.write_meta().await

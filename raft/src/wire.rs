@@ -24,8 +24,9 @@ use crate::entry::{self, Entry, EntryLogId};
 use crate::store::Vote;
 use crate::{CommittedLeaderId, PartitionRaft};
 
-/// Largest frame accepted or sent (a batch of entries is cut to fit by `max_payload_entries`
-/// and Kafka's `message.max.bytes`, both far below this).
+/// Largest frame accepted or sent. Groups bound their appends with openraft's
+/// `max_payload_entries`; an append that still does not fit fails to send (openraft backs
+/// off and retries) rather than going out.
 pub const FRAME_BYTES_MAX: usize = 64 << 20;
 /// Bytes of the frame header after the length: kind, correlation id, group id.
 pub const FRAME_HEADER_BYTES: usize = 1 + 8 + 8;
@@ -57,6 +58,9 @@ pub enum Message {
     Forward(Bytes),
     /// The answer to a `Forward`: a payload or why it failed.
     ForwardReply(Result<Bytes, String>),
+    /// Node liveness: one per peer per interval, whatever the number of groups.
+    Ping,
+    Pong,
 }
 
 /// A message with its routing: the group it is for and the request it answers.
@@ -96,9 +100,12 @@ const SNAPSHOT_REPLY: u8 = 6;
 const FAILED: u8 = 7;
 const FORWARD: u8 = 8;
 const FORWARD_REPLY: u8 = 9;
+const PING: u8 = 10;
+const PONG: u8 = 11;
 
-/// Appends `frame`, length prefix included, to `out`.
-pub fn encode(frame: &Frame, out: &mut BytesMut) {
+/// Appends `frame`, length prefix included, to `out`; a frame over [`FRAME_BYTES_MAX`] is
+/// not appended.
+pub fn encode(frame: &Frame, out: &mut BytesMut) -> Result<(), WireError> {
     let start = out.len();
     out.put_u32(0);
     let kind = match &frame.message {
@@ -111,6 +118,8 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) {
         Message::Failed(_) => FAILED,
         Message::Forward(_) => FORWARD,
         Message::ForwardReply(_) => FORWARD_REPLY,
+        Message::Ping => PING,
+        Message::Pong => PONG,
     };
     out.put_u8(kind);
     out.put_u64(frame.correlation);
@@ -167,13 +176,15 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) {
             out.put_u8(1);
             put_bytes(out, why.as_bytes());
         }
+        Message::Ping | Message::Pong => {}
     }
     let length = out.len() - start - 4;
-    assert!(
-        length <= FRAME_BYTES_MAX,
-        "frame of {length} bytes over the limit"
-    );
+    if length > FRAME_BYTES_MAX {
+        out.truncate(start);
+        return Err(WireError::TooLarge(length));
+    }
     out[start..start + 4].copy_from_slice(&(length as u32).to_be_bytes());
+    Ok(())
 }
 
 /// The length of the frame at the start of `buf` (prefix included) once its prefix is there.
@@ -286,6 +297,8 @@ pub fn decode(mut b: Bytes) -> Result<Frame, WireError> {
                 }
             }
         }
+        PING => Message::Ping,
+        PONG => Message::Pong,
         tag => return Err(WireError::UnknownTag { what: "frame", tag }),
     };
     if !b.is_empty() {
@@ -419,7 +432,8 @@ mod tests {
                 message,
             },
             &mut out,
-        );
+        )
+        .unwrap();
         let len = frame_len(&out).unwrap().unwrap();
         assert_eq!(len, out.len());
         let frame = decode(out.freeze().slice(4..)).unwrap();
@@ -513,6 +527,8 @@ mod tests {
             };
             assert_eq!(got, reply);
         }
+        assert!(matches!(round_trip(Message::Ping).message, Message::Ping));
+        assert!(matches!(round_trip(Message::Pong).message, Message::Pong));
     }
 
     #[test]
@@ -533,7 +549,8 @@ mod tests {
                 }),
             },
             &mut out,
-        );
+        )
+        .unwrap();
         let body = out.freeze().slice(4..);
         for cut in 0..body.len() {
             assert!(decode(body.slice(..cut)).is_err(), "cut at {cut}");

@@ -549,7 +549,7 @@ pub fn append(
     let partition = partition.clone();
     async move {
         let step = written.map_err(write_error)?;
-        step.finish(&partition.log, true, true)
+        step.finish(&partition.log, true)
             .await
             .map(|_| ())
             .map_err(write_error)

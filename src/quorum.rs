@@ -56,7 +56,7 @@ const METADATA_DIR: &str = "__cluster_metadata-0";
 const STATE_KEY: &[u8] = b"cluster-state";
 /// How often the controller loop looks at leadership, registration and liveness.
 const TICK: Duration = Duration::from_millis(200);
-/// How often each node pings each peer (node liveness for the quiescent partition groups).
+/// How often each node pings each peer (node liveness, for the ISR of idle partitions).
 const KEEPALIVE_INTERVAL: Duration = Duration::from_millis(250);
 /// Least time between two ISR-only reports of one partition.
 const ISR_REPORT_INTERVAL: Duration = Duration::from_secs(2);
@@ -475,16 +475,6 @@ async fn controller_loop(shard: Weak<Shard>, quorum: Rc<Quorum>) {
             fenced: false,
         };
         let applied = shard.with_controller(|c| c.applied().cloned());
-        // Partition groups have no election timers of their own (see replica.rs).
-        for p in shard.replicated_partitions() {
-            let recorded = applied
-                .as_ref()
-                .and_then(|s| s.leaders.get(&partition_key(&p.topic_id, p.index)))
-                .map(|l| l.leader);
-            if let Some(replica) = &p.replica {
-                replica.watch(recorded).await;
-            }
-        }
         if !quorum.is_ready_leader() {
             leading_since = None;
         }

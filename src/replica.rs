@@ -44,11 +44,6 @@ use crate::types::now_ms;
 
 /// How long a produce waits for its batch to commit before REQUEST_TIMED_OUT.
 const COMMIT_TIMEOUT: Duration = Duration::from_secs(30);
-/// A leader node silent this long is presumed dead by its groups' followers.
-const LEADER_DEAD_AFTER: Duration = Duration::from_millis(1500);
-/// Followers stand for election one after another, in replica order, this far apart, so one
-/// of them usually wins at the first try.
-const ELECTION_STAGGER: Duration = Duration::from_millis(700);
 
 /// The Raft group id of a partition: the same on every node, never the controller's 0.
 pub fn group_id(topic_id: &Uuid, partition: i32) -> GroupId {
@@ -61,16 +56,12 @@ pub fn group_id(topic_id: &Uuid, partition: i32) -> GroupId {
 }
 
 fn raft_config() -> Arc<openraft::Config> {
-    // Quiescent groups: no per-group heartbeats and no per-group election timers, which
-    // would cost CPU for every idle partition. Liveness is per node instead (the transport's
-    // keepalive), and `Replica::watch` starts an election when a group's leader node is dead.
-    // Without heartbeats or election timers, openraft's per-group tick has nothing to do,
-    // so it is off too (a tick is a timer wake-up per group, ~10 per second).
+    // Every group heartbeats its followers on its own (openraft has no shared heartbeat), so
+    // the interval is what idle partitions cost: 500 ms keeps a failover within ~3-4 s.
+    // Quiescent groups (no heartbeats, elections driven by node liveness) cost 10x less
+    // when idle but did not yet fail over reliably on a loaded machine; see the README.
     let config = openraft::Config {
         cluster_name: "ferrolog-partition".into(),
-        enable_tick: false,
-        enable_heartbeat: false,
-        enable_elect: false,
         heartbeat_interval: 500,
         election_timeout_min: 2000,
         election_timeout_max: 3500,
@@ -112,9 +103,6 @@ pub struct Replica {
     pub isr_reported_at: Cell<Option<Instant>>,
     lag_max: Duration,
     transport: Rc<Transport>,
-    replicas: Vec<i32>,
-    /// Since when this follower has seen no live leader.
-    leaderless_since: Cell<Option<Instant>>,
 }
 
 impl Replica {
@@ -202,8 +190,6 @@ impl Replica {
             isr_reported_at: Cell::new(None),
             lag_max,
             transport: transport.clone(),
-            replicas: replicas.to_vec(),
-            leaderless_since: Cell::new(None),
         };
         Ok((log, replica))
     }
@@ -338,45 +324,6 @@ impl Replica {
         }
         isr.sort_unstable();
         isr
-    }
-
-    /// Called every controller tick: a follower whose leader's node is dead (or that is named
-    /// leader by the metadata after a restart but does not lead) stands for election, after
-    /// `LEADER_DEAD_AFTER` plus its place among the replicas times `ELECTION_STAGGER`.
-    /// `recorded` is the leader the controller's metadata names.
-    pub async fn watch(&self, recorded: Option<i32>) {
-        if self.is_leader() {
-            self.leaderless_since.set(None);
-            return;
-        }
-        let me = self.node_id as i32;
-        let leader = self.leader().or(recorded);
-        let healthy = match leader {
-            // Just elected, not ready yet: nothing to do.
-            Some(l) if l == me => self.leader() == Some(me),
-            Some(l) => self.transport.is_alive(l as u64, LEADER_DEAD_AFTER),
-            None => false,
-        };
-        if healthy {
-            self.leaderless_since.set(None);
-            return;
-        }
-        let now = Instant::now();
-        let since = self.leaderless_since.get().unwrap_or(now);
-        self.leaderless_since.set(Some(since));
-        let rank = self
-            .replicas
-            .iter()
-            .filter(|r| Some(**r) != leader || **r == me)
-            .position(|r| *r == me)
-            .unwrap_or(0) as u32;
-        if now.duration_since(since) >= LEADER_DEAD_AFTER + ELECTION_STAGGER * rank {
-            // Re-armed: if this election fails, the next try comes a full period later.
-            self.leaderless_since.set(Some(now));
-            if let Err(e) = self.raft.trigger().elect(false).await {
-                tracing::warn!(error = %e, "cannot start an election");
-            }
-        }
     }
 
     /// OffsetForLeaderEpoch: (largest epoch <= `epoch`, offset after its last batch).

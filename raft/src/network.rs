@@ -167,8 +167,8 @@ impl Transport {
     }
 
     /// Pings every peer each `interval`, so `is_alive` knows which nodes answer: one small
-    /// frame per peer per interval, however many groups the two nodes share. Groups that
-    /// do not heartbeat themselves rely on it to notice a dead leader.
+    /// frame per peer per interval, however many groups the two nodes share (an idle
+    /// partition's leader uses it to see a dead follower leave the ISR).
     pub fn keepalive(self: &Rc<Self>, peers: Vec<(u64, String)>, interval: Duration) {
         for (node_id, addr) in peers {
             let peer = self.peer(node_id, &addr);

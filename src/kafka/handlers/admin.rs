@@ -23,6 +23,9 @@ pub struct TopicSpec {
     pub partitions: i32,
     /// -1: `default.replication.factor`.
     pub replication_factor: i16,
+    /// A manual assignment (CreateTopics `assignments`): each partition's replicas.
+    #[serde(default)]
+    pub assignment: Option<Vec<Vec<i32>>>,
     pub configs: BTreeMap<String, String>,
 }
 
@@ -81,8 +84,28 @@ pub async fn create_topics(
                             spec.replication_factor
                         };
                         let salt = c.state.topics.len();
-                        let replicas = assign_replicas(&c.state.brokers, 0, partitions, rf, salt)
-                            .map_err(BrokerError::InvalidReplicationFactor)?;
+                        let replicas = match &spec.assignment {
+                            Some(manual) => {
+                                // Kafka: every named broker must be registered, no partition
+                                // may name one twice.
+                                let known = manual.iter().flatten().all(|b| c.state.brokers.contains_key(b));
+                                let distinct = manual.iter().all(|r| {
+                                    let mut sorted = r.clone();
+                                    sorted.sort_unstable();
+                                    sorted.dedup();
+                                    sorted.len() == r.len() && !r.is_empty()
+                                });
+                                if !known || !distinct {
+                                    return Err(BrokerError::InvalidReplicationFactor(
+                                        "Replica assignment names unknown brokers.".into(),
+                                    ));
+                                }
+                                manual.clone()
+                            }
+                            None => assign_replicas(&c.state.brokers, 0, partitions, rf, salt)
+                                .map_err(BrokerError::InvalidReplicationFactor)?,
+                        };
+                        let rf = replicas.iter().map(|r| r.len()).max().unwrap_or(1) as i16;
                         // The group coordinator writes its partitions directly, not through
                         // Raft: `__consumer_offsets` stays unreplicated for now.
                         if rf > 1 && spec.name == crate::group::OFFSETS_TOPIC {

@@ -33,18 +33,13 @@ pub async fn handle(ctx: Rc<RequestContext>, req: CreateTopicsRequest) -> Create
                 }
             }
         }
-        if !t.assignments.is_empty() {
-            // Manual assignment: every replica must be this node.
-            let node = ctx.shard.config.node_id;
-            if t.assignments
+        // A manual assignment is checked against the registered brokers by the controller.
+        let assignment = (!t.assignments.is_empty()).then(|| {
+            t.assignments
                 .iter()
-                .any(|a| a.broker_ids.iter().any(|b| b.0 != node))
-            {
-                error = Some(BrokerError::InvalidReplicationFactor(
-                    "Replica assignment names unknown brokers.".into(),
-                ));
-            }
-        }
+                .map(|a| a.broker_ids.iter().map(|b| b.0).collect())
+                .collect()
+        });
         let partitions = if t.assignments.is_empty() {
             t.num_partitions
         } else {
@@ -59,6 +54,7 @@ pub async fn handle(ctx: Rc<RequestContext>, req: CreateTopicsRequest) -> Create
             } else {
                 1
             },
+            assignment,
             configs,
         });
     }

@@ -111,6 +111,7 @@ async fn ensure_offsets_topic(ctx: &RequestContext) -> Result<(), BrokerError> {
         partitions: group.offsets_topic_partitions,
         // Not replicated yet (the coordinator writes it directly, see admin.rs).
         replication_factor: 1,
+        assignment: None,
         configs,
     };
     match admin::create_topics_anywhere(&ctx.shard, vec![spec])

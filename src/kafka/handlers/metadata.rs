@@ -36,6 +36,7 @@ pub async fn handle(ctx: Rc<RequestContext>, req: MetadataRequest) -> MetadataRe
                 partitions: -1,
                 replication_factor: -1,
                 configs: Default::default(),
+                assignment: None,
             })
             .collect();
         if allow && config.auto_create_topics && !missing.is_empty() {

@@ -60,6 +60,8 @@ const TICK: Duration = Duration::from_millis(200);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_millis(250);
 /// Least time between two ISR-only reports of one partition.
 const ISR_REPORT_INTERVAL: Duration = Duration::from_secs(2);
+/// How long a node waits for the controller's answer to a forwarded report.
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a proposal may wait for its commit.
 const PROPOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -87,8 +89,7 @@ pub async fn forward_create_topics(
     specs: Vec<TopicSpec>,
 ) -> Vec<Result<(), BrokerError>> {
     let n = specs.len();
-    let payload =
-        Bytes::from(serde_json::to_vec(&Forwarded::CreateTopics(specs)).expect("serialises"));
+    let request = Forwarded::CreateTopics(specs);
     let reply = shard
         .on_controller(move |shard| {
             async move {
@@ -96,16 +97,7 @@ pub async fn forward_create_topics(
                     .quorum()
                     .ok_or("the controller quorum is not running")?;
                 let leader = quorum.leader().ok_or("no controller leader")?;
-                let addr = shard
-                    .config
-                    .voters
-                    .get(&leader)
-                    .ok_or("the controller leader is not a configured voter")?
-                    .to_string();
-                quorum
-                    .transport
-                    .forward(leader as u64, &addr, payload, PROPOSE_TIMEOUT)
-                    .await
+                forward(&shard, &quorum, leader, &request, PROPOSE_TIMEOUT).await
             }
             .boxed_local()
         })
@@ -323,6 +315,26 @@ fn decode_entry(entry: &Entry) -> Option<ClusterState> {
     }
 }
 
+/// Sends `request` to the controller leader's forward handler.
+async fn forward(
+    shard: &Shard,
+    quorum: &Quorum,
+    leader: i32,
+    request: &Forwarded,
+    ttl: Duration,
+) -> Result<Bytes, String> {
+    let addr = shard
+        .config
+        .voters
+        .get(&leader)
+        .ok_or("the controller leader is not a configured voter")?;
+    let payload = Bytes::from(serde_json::to_vec(request).expect("serialises"));
+    quorum
+        .transport
+        .forward(leader as u64, &addr.to_string(), payload, ttl)
+        .await
+}
+
 /// The controller leader's side of a forwarded request.
 async fn serve_forwarded(shard: &Rc<Shard>, payload: &[u8]) -> Result<Bytes, String> {
     let request: Forwarded =
@@ -531,23 +543,10 @@ async fn controller_loop(shard: Weak<Shard>, quorum: Rc<Quorum>) {
         } else if let (Some(state), Some(leader)) = (&applied, leader) {
             let reports = leader_reports(&shard, state);
             if !reports.is_empty() && leader != quorum.node_id {
-                if let Some(addr) = shard.config.voters.get(&leader) {
-                    let payload = Bytes::from(
-                        serde_json::to_vec(&Forwarded::ReportLeaders(reports)).expect("serialises"),
-                    );
-                    if let Err(e) = quorum
-                        .transport
-                        .forward(
-                            leader as u64,
-                            &addr.to_string(),
-                            payload,
-                            Duration::from_secs(5),
-                        )
-                        .await
-                    {
-                        // Expected while the controller fails over; the next tick retries.
-                        tracing::debug!(leader, error = %e, "reporting partition leaders failed; retrying");
-                    }
+                let request = Forwarded::ReportLeaders(reports);
+                if let Err(e) = forward(&shard, &quorum, leader, &request, FORWARD_TIMEOUT).await {
+                    // Expected while the controller fails over; the next tick retries.
+                    tracing::debug!(leader, error = %e, "reporting partition leaders failed; retrying");
                 }
             }
             let registered = state.brokers.get(&quorum.node_id) == Some(&me);
@@ -556,25 +555,12 @@ async fn controller_loop(shard: Weak<Shard>, quorum: Rc<Quorum>) {
                 && last_forward.elapsed() > Duration::from_secs(1)
             {
                 last_forward = Instant::now();
-                let Some(addr) = shard.config.voters.get(&leader) else {
-                    continue;
-                };
                 let request = Forwarded::RegisterBroker {
                     id: quorum.node_id,
                     host: me.host.clone(),
                     port: me.port,
                 };
-                let payload = Bytes::from(serde_json::to_vec(&request).expect("serialises"));
-                if let Err(e) = quorum
-                    .transport
-                    .forward(
-                        leader as u64,
-                        &addr.to_string(),
-                        payload,
-                        Duration::from_secs(5),
-                    )
-                    .await
-                {
+                if let Err(e) = forward(&shard, &quorum, leader, &request, FORWARD_TIMEOUT).await {
                     tracing::info!(leader, error = %e, "registration with the controller failed; retrying");
                 }
             }

@@ -765,13 +765,7 @@ impl Log {
             doomed
         };
         for seg in doomed {
-            for path in [seg.log_path(), seg.index_path(), seg.time_index_path()] {
-                match std::fs::remove_file(&path) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(io_error("deleting", &path, e)),
-                }
-            }
+            remove_files(&[seg.log_path(), seg.index_path(), seg.time_index_path()])?;
             tracing::info!(dir = %self.dir.display(), base = seg.base_offset, "deleted segment");
         }
         Ok(())
@@ -833,13 +827,7 @@ impl Log {
             )
         };
         for seg in doomed.iter().rev() {
-            for path in [seg.log_path(), seg.index_path(), seg.time_index_path()] {
-                match std::fs::remove_file(&path) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(io_error("deleting", &path, e)),
-                }
-            }
+            remove_files(&[seg.log_path(), seg.index_path(), seg.time_index_path()])?;
         }
         let (base, scan_from) = keep;
         let mut seg = Segment::new(&self.dir, base, now_ms);
@@ -862,13 +850,7 @@ impl Log {
             .await
             .map_err(|e| io_error("syncing", &path, e))?;
         let _ = file.close().await;
-        for path in [seg.index_path(), seg.time_index_path()] {
-            match std::fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io_error("deleting", &path, e)),
-            }
-        }
+        remove_files(&[seg.index_path(), seg.time_index_path()])?;
         recover_segment(&mut seg, true, &config).await?;
         assert_eq!(seg.next_offset, offset, "truncated segment ends elsewhere");
         assert_eq!(seg.size, cut, "truncated segment has another size");
@@ -1076,6 +1058,18 @@ impl<'a> ChunkCursor<'a> {
             }
         }
     }
+}
+
+/// Deletes `paths`; one already gone is fine.
+fn remove_files(paths: &[PathBuf]) -> Result<(), LogError> {
+    for path in paths {
+        match std::fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_error("deleting", path, e)),
+        }
+    }
+    Ok(())
 }
 
 /// Byte position of the batch starting at `offset`, walking headers from `from`. The offset

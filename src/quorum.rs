@@ -241,6 +241,7 @@ impl Quorum {
             node_id,
         });
         glommio::spawn_local(controller_loop(Rc::downgrade(shard), quorum.clone())).detach();
+        glommio::spawn_local(quiescence_loop(Rc::downgrade(shard))).detach();
         Ok(quorum)
     }
 
@@ -464,6 +465,37 @@ async fn register(shard: &Rc<Shard>, id: i32, record: BrokerRecord) -> Result<()
             .boxed_local()
         })
         .await
+}
+
+/// Lets idle partition groups stop ticking, wakes them when something changes and sends
+/// the quiet leaders' lease heartbeats (`Replica::tend`), every `KEEPALIVE_INTERVAL` on
+/// shard 0. After this node stalled (a
+/// SIGSTOP, a starved CPU) its peers' pongs are stale, so it decides nothing for a second.
+async fn quiescence_loop(shard: Weak<Shard>) {
+    let mut last = Instant::now();
+    let mut settle_until = last;
+    loop {
+        glommio::timer::sleep(KEEPALIVE_INTERVAL).await;
+        let Some(shard) = shard.upgrade() else {
+            return;
+        };
+        let now = Instant::now();
+        if now.duration_since(last) > KEEPALIVE_INTERVAL * 3 {
+            settle_until = now + Duration::from_secs(1);
+        }
+        last = now;
+        let due: Vec<_> = shard
+            .replicated_partitions()
+            .iter()
+            .filter_map(|p| p.replica.as_ref())
+            .filter(|replica| replica.tend(now < settle_until))
+            .map(|replica| replica.raft.clone())
+            .collect();
+        // Triggered in one pass, these heartbeats leave together: one write per peer.
+        for raft in due {
+            let _ = raft.trigger().heartbeat().await;
+        }
+    }
 }
 
 /// Leadership, first state, registration and liveness, every `TICK` on shard 0.

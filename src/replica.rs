@@ -20,6 +20,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::Path;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -56,10 +57,9 @@ pub fn group_id(topic_id: &Uuid, partition: i32) -> GroupId {
 }
 
 fn raft_config() -> Arc<openraft::Config> {
-    // Every group heartbeats its followers on its own (openraft has no shared heartbeat), so
-    // the interval is what idle partitions cost: 500 ms keeps a failover within ~3-4 s.
-    // Quiescent groups (no heartbeats, elections driven by node liveness) cost 10x less
-    // when idle but did not yet fail over reliably on a loaded machine; see the README.
+    // A group ticks (heartbeats, election timer) only while it is busy or something changed;
+    // an idle group is quiescent, see `Replica::tend`. 500 ms heartbeats keep a failover
+    // of a busy partition within ~3-4 s.
     let config = openraft::Config {
         cluster_name: "ferrolog-partition".into(),
         heartbeat_interval: 500,
@@ -71,6 +71,13 @@ fn raft_config() -> Arc<openraft::Config> {
     };
     Arc::new(config.validate().expect("valid partition Raft config"))
 }
+
+/// How long a leader's group must stay unchanged (no new entries, followers caught up, the
+/// same followers answering on the same connections) before it stops ticking.
+const QUIET_AFTER: Duration = Duration::from_secs(3);
+
+/// How often a quiet leader heartbeats its followers: well within its 3.5 s lease.
+const QUIET_BEAT: Duration = Duration::from_secs(2);
 
 /// Where a replica sits: this node, the partition's replicas and their Raft addresses.
 pub struct Placement<'a> {
@@ -103,6 +110,17 @@ pub struct Replica {
     pub isr_reported_at: Cell<Option<Instant>>,
     lag_max: Duration,
     transport: Rc<Transport>,
+    group: GroupId,
+    /// Whether the group's ticks are off (see `tend`).
+    quiet: Cell<bool>,
+    /// What the leader last saw of its group, and since when it has been so.
+    calm: Cell<Option<(u64, Instant)>>,
+    /// When this leader last heartbeat its followers (or ticked, which does).
+    last_beat: Cell<Instant>,
+    /// How long a quiescent follower lets its leader's node be silent before it wakes and
+    /// stands for election: 1-2.5 s, different per node and group, so one replica usually
+    /// stands first and wins.
+    silence: Duration,
 }
 
 impl Replica {
@@ -190,6 +208,15 @@ impl Replica {
             isr_reported_at: Cell::new(None),
             lag_max,
             transport: transport.clone(),
+            group,
+            quiet: Cell::new(false),
+            calm: Cell::new(None),
+            last_beat: Cell::new(Instant::now()),
+            silence: {
+                let mut h = DefaultHasher::new();
+                (group.0, node_id).hash(&mut h);
+                Duration::from_millis(1000 + h.finish() % 1500)
+            },
         };
         Ok((log, replica))
     }
@@ -332,5 +359,80 @@ impl Replica {
         self.view
             .end_offset_for_term(term)
             .map(|(t, end)| (i32::try_from(t).unwrap_or(i32::MAX), end))
+    }
+
+    /// Quiescence: turns the group's ticks (openraft's heartbeats and election timer) off
+    /// while it is idle and stable, and back on when anything moves, so thousands of idle
+    /// partitions cost little while failures are still handled by openraft's own timers.
+    /// Called every few hundred ms; `settling` after this node stalled (its view of its peers
+    /// is stale then), when nothing changes. Returns whether a quiet leader is due for the
+    /// heartbeat that keeps its lease (`QUIET_BEAT`): the caller sends all of them together.
+    ///
+    /// - A follower is quiet while its leader's node answers pings (node-level, one per pair
+    ///   of nodes); when the node is silent for `silence`, the follower ticks and, its
+    ///   election timer having run out, stands for election.
+    /// - A leader is quiet once, for `QUIET_AFTER`, nothing was appended, every answering
+    ///   follower has its whole log and no follower's node went silent, came back or
+    ///   reconnected; any such change makes it tick again.
+    pub fn tend(&self, settling: bool) -> bool {
+        if settling {
+            self.calm.set(None);
+            return false;
+        }
+        let (quiet, leading) = {
+            let m = self.raft.metrics();
+            let m = m.borrow_watched();
+            match m.current_leader {
+                Some(leader) if leader != self.node_id => (
+                    m.state == openraft::ServerState::Follower
+                        && self.transport.is_alive(leader, self.silence),
+                    false,
+                ),
+                Some(_) if m.state == openraft::ServerState::Leader => {
+                    let mut signature = DefaultHasher::new();
+                    (m.current_term, m.last_log_index).hash(&mut signature);
+                    let mut caught_up = true;
+                    for (id, matched) in m.replication.iter().flatten() {
+                        if *id == self.node_id {
+                            continue;
+                        }
+                        let liveness = self.transport.liveness(*id, self.lag_max);
+                        (id, liveness).hash(&mut signature);
+                        caught_up &= !liveness.0 || matched.map(|l| l.index) == m.last_log_index;
+                    }
+                    let signature = signature.finish();
+                    let now = Instant::now();
+                    let quiet = match self.calm.get() {
+                        Some((seen, since)) if seen == signature && caught_up => {
+                            now.duration_since(since) >= QUIET_AFTER
+                        }
+                        _ => {
+                            self.calm.set(Some((signature, now)));
+                            false
+                        }
+                    };
+                    (quiet, true)
+                }
+                _ => (false, false),
+            }
+        };
+        if quiet != self.quiet.get() {
+            self.quiet.set(quiet);
+            self.raft.runtime_config().tick(!quiet);
+            tracing::debug!(
+                group = self.group.0,
+                quiet,
+                "partition group ticks: {}",
+                !quiet
+            );
+        }
+        // A leader takes writes only while a majority acknowledged it within its lease
+        // (openraft: `election_timeout_max`); a quiet leader renews it with one heartbeat
+        // every `QUIET_BEAT`, which also keeps its followers from granting votes to others.
+        let due = quiet && leading && self.last_beat.get().elapsed() >= QUIET_BEAT;
+        if due || !quiet {
+            self.last_beat.set(Instant::now());
+        }
+        due
     }
 }

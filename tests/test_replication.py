@@ -9,7 +9,9 @@ clients, each checked for lost, duplicated and reordered records.
 - stop two of three nodes: acks=all produce fails (no majority), nothing committed is lost
   when they come back;
 - restart the whole cluster: everything committed is there;
-- OffsetForLeaderEpoch answers per epoch after a leader change.
+- OffsetForLeaderEpoch answers per epoch after a leader change;
+- idle partitions (their groups quiescent: no ticks, no heartbeats) fail over when their
+  leader's node is killed, and take the node back when it returns.
 
 ferrolog only, like test_cluster.py.
 """
@@ -131,6 +133,40 @@ def test_kill_leader_under_java_idempotent_load(cluster, tmp_path):
     # The killed node comes back and catches up into the ISR.
     cluster.nodes[victim].start()
     wait_until(lambda: all_led(cluster, topic, 3), "victim back in every ISR", timeout_s=30)
+
+
+def test_idle_partitions_fail_over(cluster):
+    topic = "idle"
+    partitions = 12
+    replicated_topic(cluster, topic, partitions)
+    sent = produce(cluster.bootstrap(), topic, partitions, 240, "i")
+    before = {i: p.leader for i, p in metadata(1, cluster, topic).topics[topic].partitions.items()}
+    # Idle for longer than a leader waits before it stops ticking (3 s) and than a leader's
+    # lease lasts without heartbeats (3.5 s): a quiet leader still takes writes at once.
+    time.sleep(6)
+    p = Producer({"bootstrap.servers": cluster.bootstrap(), "acks": "all", "retries": 0, "enable.idempotence": False})
+    errors = []
+    for partition in range(partitions):
+        p.produce(topic, value=f"q-{partition}".encode(), partition=partition, on_delivery=lambda err, msg: errors.append(err))
+    assert p.flush(30) == 0
+    assert errors == [None] * partitions, [e for e in errors if e is not None][:3]
+    for partition in range(partitions):
+        sent[partition].append(f"q-{partition}")
+    time.sleep(6)
+    victim = max(IDS, key=lambda n: sum(1 for leader in before.values() if leader == n))
+    cluster.nodes[victim].kill9()
+    survivors = [i for i in IDS if i != victim]
+
+    def moved():
+        t = metadata(survivors[0], cluster, topic).topics[topic]
+        return all(p.leader in survivors for p in t.partitions.values())
+
+    wait_until(moved, "every partition led by a survivor", timeout_s=15)
+    more = produce(cluster.bootstrap(*survivors), topic, partitions, 240, "j")
+    cluster.nodes[victim].start()
+    wait_until(lambda: all_led(cluster, topic, partitions), "victim back in every ISR", timeout_s=30)
+    got = {p: [v for _, v in read_partition(cluster.bootstrap(), topic, p)] for p in range(partitions)}
+    check({p: sent[p] + more[p] for p in range(partitions)}, got)
 
 
 def test_stopped_follower_leaves_and_rejoins_isr(cluster):

@@ -190,6 +190,17 @@ impl Transport {
             .is_none_or(|p| p.last_reply.get().elapsed() < within)
     }
 
+    /// `is_alive`, and how many connections to the node were made so far (a change means
+    /// the link broke or the node restarted).
+    pub fn liveness(&self, node_id: u64, within: Duration) -> (bool, u64) {
+        let connects = self
+            .peers
+            .borrow()
+            .get(&node_id)
+            .map_or(0, |p| p.connects.get());
+        (self.is_alive(node_id, within), connects)
+    }
+
     /// Accepts peers' connections and serves them until the listener fails or `shutdown`.
     pub fn serve(self: &Rc<Self>, listener: TcpListener) {
         let me = self.clone();
@@ -379,6 +390,8 @@ struct Peer {
     out: RefCell<Rc<Outbox>>,
     /// When the current connection last delivered a reply.
     last_reply: Cell<std::time::Instant>,
+    /// Connections made so far: a change means the link broke or the peer restarted.
+    connects: Cell<u64>,
     waiting: RefCell<HashMap<u64, oneshot::Sender<Message>>>,
     next_correlation: Cell<u64>,
     connecting: Cell<bool>,
@@ -393,6 +406,7 @@ impl Peer {
             tasks,
             out: RefCell::new(Rc::new(out)),
             last_reply: Cell::new(std::time::Instant::now()),
+            connects: Cell::new(0),
             waiting: RefCell::new(HashMap::new()),
             next_correlation: Cell::new(1),
             connecting: Cell::new(false),
@@ -472,6 +486,7 @@ impl Peer {
         let out = Rc::new(Outbox::default());
         *self.out.borrow_mut() = out.clone();
         self.last_reply.set(std::time::Instant::now());
+        self.connects.set(self.connects.get() + 1);
         let writer_out = out.clone();
         self.tasks.spawn(async move {
             let _ = write_loop(writer, writer_out).await;

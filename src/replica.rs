@@ -99,6 +99,10 @@ pub struct Replica {
     applied_producers: Rc<RefCell<ProducerStates>>,
     /// The term whose start reset the leader's producer state.
     ready_term: Cell<Option<u64>>,
+    /// Proposals not yet committed or failed.
+    in_flight: Cell<u32>,
+    /// A proposal of the ready term failed: rebuild the producer state before the next one.
+    resync: Cell<bool>,
     /// Where the leader's next proposed batch lands in its log.
     next_offset: Cell<i64>,
     /// When each follower last had the leader's whole log (leader only).
@@ -202,6 +206,8 @@ impl Replica {
             hw_waiters,
             applied_producers,
             ready_term: Cell::new(None),
+            in_flight: Cell::new(0),
+            resync: Cell::new(false),
             next_offset: Cell::new(0),
             caught_up: RefCell::new(HashMap::new()),
             previous_end: Cell::new(None),
@@ -267,11 +273,21 @@ impl Replica {
             return Err(BrokerError::NotLeaderOrFollower);
         }
         let term = self.raft.metrics().borrow_watched().current_term;
+        if self.resync.get() && self.ready_term.get() == Some(term) {
+            // A proposal of this term failed, yet its batch is in the producer state and
+            // the predicted offsets: once every proposal in flight is settled, the applied
+            // state is the truth again.
+            if self.in_flight.get() > 0 {
+                return Err(BrokerError::NotLeaderOrFollower);
+            }
+            self.ready_term.set(None);
+        }
         if self.ready_term.get() != Some(term) {
             // Everything before this term is applied, and nothing of it is proposed yet.
             *producers.borrow_mut() = self.applied_producers.borrow().clone();
             self.next_offset.set(log_end);
             self.ready_term.set(Some(term));
+            self.resync.set(false);
         }
         Ok(())
     }
@@ -283,8 +299,22 @@ impl Replica {
         base
     }
 
-    /// Replicates `batch` and returns the Kafka offsets it got once it is committed.
+    /// Replicates `batch` and returns the Kafka offsets it got once it is committed. A
+    /// failure while this node still leads the same term (its lease ran out, a timeout)
+    /// makes `ready` rebuild the producer state first, so a retry of the lost batch is not
+    /// taken for a duplicate.
     pub async fn replicate(&self, batch: bytes::Bytes) -> Result<(i64, i64), BrokerError> {
+        let term = self.ready_term.get();
+        self.in_flight.set(self.in_flight.get() + 1);
+        let result = self.propose(batch).await;
+        self.in_flight.set(self.in_flight.get() - 1);
+        if result.is_err() && self.ready_term.get() == term {
+            self.resync.set(true);
+        }
+        result
+    }
+
+    async fn propose(&self, batch: bytes::Bytes) -> Result<(i64, i64), BrokerError> {
         let write = GlommioRuntime::timeout(COMMIT_TIMEOUT, self.raft.client_write(Batch(batch)));
         match write.await {
             Ok(Ok(response)) => {

@@ -20,6 +20,8 @@ Phases:
   1  startup, max-throughput          (Kafka's max sets the rates of phase 2)
   2  fixed-rate, fan-out, catch-up    (+ the Kafka-tools cross-check, first rep only)
   3  many-partitions                  (on a loop-mounted scratch filesystem)
+  4  replicated                       (3 nodes of each configuration, RF=3: throughput,
+                                       latency at a fixed rate, many idle partitions)
 
 Nothing here asserts a speed: a workload that fails is recorded with its error, the
 report is written anyway, and the exit status says whether every workload ran.
@@ -55,6 +57,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 NCPU = os.cpu_count() or 1
 
 CONFIGS = ["ferrolog", "kafka", "kafka-flush"]
+CLUSTER_SIZE = 3  # the replicated phase: nodes per cluster, and the replication factor
 KAFKA_HEAP_OPTS = "-Xms1g -Xmx1g"  # what kafka-server-start.sh uses, and our start script's default
 TOOLS_HEAP_OPTS = "-Xmx512m"
 
@@ -73,6 +76,8 @@ PROFILES = {
         "fan_out": {"fraction": 0.25, "consumers": 3, "duration_s": 15, "warmup_s": 4},
         "catch_up": {"bytes": 2 << 30},
         "many_partitions": {"partitions": 10000, "rate": 2000, "duration_s": 20, "warmup_s": 5, "idle_s": 10, "settle_max_s": 240, "reps": 1},
+        "replicated": {"partitions": 16, "duration_s": 15, "warmup_s": 4, "rate": 20000, "many_partitions": 3000, "many_rate": 2000,
+                       "idle_s": 10, "settle_max_s": 300, "reps": 1},
         "cross_check": {"records": 1_000_000, "consumer_timeout_ms": 30000},
     },
     "quick": {
@@ -87,6 +92,8 @@ PROFILES = {
         "fan_out": {"fraction": 0.1, "consumers": 3, "duration_s": 2, "warmup_s": 0.5},
         "catch_up": {"bytes": 32 << 20},
         "many_partitions": {"partitions": 50, "rate": 200, "duration_s": 2, "warmup_s": 0.5, "idle_s": 1, "settle_max_s": 20, "reps": 1},
+        "replicated": {"partitions": 4, "duration_s": 2, "warmup_s": 0.5, "rate": 500, "many_partitions": 30, "many_rate": 200,
+                       "idle_s": 1, "settle_max_s": 30, "reps": 1},
         "cross_check": {"records": 10_000, "consumer_timeout_ms": 8000},
     },
 }
@@ -136,7 +143,11 @@ def answers_api_versions(port, timeout_s=1.0):
 
 
 def proc_cpu_s(pid):
-    """utime + stime of a process (all its threads), seconds; None once it is gone."""
+    """utime + stime of a process (all its threads), seconds; None once it is gone. With a
+    list of pids (a cluster), their sum; None once any is gone."""
+    if isinstance(pid, list):
+        each = [proc_cpu_s(p) for p in pid]
+        return None if None in each else sum(each)
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
@@ -146,6 +157,9 @@ def proc_cpu_s(pid):
 
 
 def proc_rss_bytes(pid):
+    if isinstance(pid, list):
+        each = [proc_rss_bytes(p) for p in pid]
+        return None if None in each else sum(each)
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
@@ -208,6 +222,8 @@ class Broker:
         self.port = free_port()
         self.controller_port = free_port()
         self.ferrolog_cores = ferrolog_cores
+        # (node id, voters, cluster id) when this broker is one node of a `Cluster`.
+        self.member = None
         self.proc = None
         self.log_path = self.work_dir / "broker.log"
         self.exec_ns = None
@@ -231,6 +247,8 @@ class Broker:
                 "--override", f"listeners=PLAINTEXT://127.0.0.1:{self.port}",
                 "--override", f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
                 "--override", f"log.dirs={self.data_dir}",
+                *(["--override", f"node.id={self.member[0]}", "--override", f"controller.quorum.voters={self.member[1]}"]
+                  if self.member else []),
             ]
         extra = ["log.flush.interval.messages=1"] if self.config == "kafka-flush" else []
         return ["bash", str(KAFKA_START), str(self.port), str(self.data_dir), *extra]
@@ -253,6 +271,8 @@ class Broker:
         env = dict(os.environ)
         if self.config != "ferrolog":
             env.update({"FOREGROUND": "1", "CONTROLLER_PORT": str(self.controller_port), "KAFKA_HEAP_OPTS": KAFKA_HEAP_OPTS})
+            if self.member:
+                env.update({"KAFKA_NODE_ID": str(self.member[0]), "KAFKA_VOTERS": self.member[1], "KAFKA_CLUSTER_ID": self.member[2]})
         logf = open(self.log_path, "ab")
         self.exec_ns = time.time_ns()
         self.proc = subprocess.Popen(
@@ -320,6 +340,58 @@ class Broker:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+class Cluster:
+    """CLUSTER_SIZE brokers of one configuration on loopback, every node a broker and a
+    controller voter (ferrolog: `--cores 1` each; Kafka: KRaft combined mode, a static voter
+    set, the same heap as a single node). Duck-types the parts of Broker the workloads use."""
+
+    def __init__(self, config, work_dir):
+        self.config = config
+        self.work_dir = Path(work_dir)
+        self.nodes = [Broker(config, self.work_dir / f"node-{i}", 1) for i in range(1, CLUSTER_SIZE + 1)]
+        voters = ",".join(f"{i}@127.0.0.1:{b.controller_port}" for i, b in enumerate(self.nodes, 1))
+        cluster_id = "B" + hashlib.sha256(str(work_dir).encode() + os.urandom(8)).hexdigest()[:21]
+        for i, b in enumerate(self.nodes, 1):
+            b.member = (i, voters, cluster_id)
+
+    @property
+    def bootstrap(self):
+        return ",".join(b.bootstrap for b in self.nodes)
+
+    @property
+    def pid(self):
+        return [b.pid for b in self.nodes]
+
+    @property
+    def disk_guard_tripped(self):
+        return any(b.disk_guard_tripped for b in self.nodes)
+
+    def start(self):
+        # All at once: neither ferrolog nor Kafka serves clients before its quorum has a leader.
+        for b in self.nodes:
+            b.start()
+        for b in self.nodes:
+            b.wait_ready()
+
+    def log_tail(self, n=10):
+        return "\n".join(f"node {i}:\n{b.log_tail(n)}" for i, b in enumerate(self.nodes, 1))
+
+    def stop(self, timeout_s=30):
+        """SIGTERM to every node at once (one by one, the last Kafka nodes would wait for a
+        controller quorum that is gone), SIGKILL to those still running after timeout_s."""
+        live = [b for b in self.nodes if b.alive()]
+        for b in self.nodes:
+            b._guard_stop.set()
+        for b in live:
+            b.proc.send_signal(signal.SIGTERM)
+        deadline = time.time() + timeout_s
+        for b in live:
+            try:
+                b.proc.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                b.kill()
 
 
 class Sampler:
@@ -761,6 +833,103 @@ class Harness:
         finally:
             self.end_session(b)
 
+    def phase4(self, config, rep):
+        """replicated: a CLUSTER_SIZE-node cluster of `config`, topics with RF=CLUSTER_SIZE
+        (min.insync.replicas stays 1 on both brokers; acks=all still waits for the whole ISR on
+        Kafka, a Raft majority on ferrolog): closed-loop max, latency at a fixed rate, then
+        many idle partitions (the cost of idle Raft groups / replica fetchers) and a
+        round-robin produce over all of them. CPU and memory are the sums over the nodes."""
+        q = self.p["replicated"]
+        c = Cluster(config, self.work / f"p4-{config}-r{rep}")
+        rf = str(CLUSTER_SIZE)
+        try:
+            c.start()
+            if f"{config} cluster node 1" not in self.settings:
+                self.settings[f"{config} cluster node 1"] = c.nodes[0].settings()
+            # CreateTopics is refused (INVALID_REPLICATION_FACTOR) until every node registered.
+            deadline = time.time() + 120
+            while True:
+                rc, _, _ = run_child([str(BENCH_BIN), "create-topic", "--bootstrap", c.bootstrap, "--topic", "rf",
+                                      "--partitions", str(q["partitions"]), "--replication-factor", rf], 200, self.logs / "bench.log")
+                if rc == 0:
+                    break
+                if time.time() > deadline:
+                    raise RuntimeError(f"creating an RF={rf} topic failed for 120 s; log tails:\n{c.log_tail(5)}")
+                time.sleep(2)
+            produce = ["--topic", "rf", *self.common_produce_args()]
+            with Sampler(c.pid) as s:
+                d, cpu, raw = self.bench(c, f"replicated-max-{config}-r{rep}", [*produce, "--rate", 0, "--duration-s", q["duration_s"],
+                                                                             "--warmup-s", q["warmup_s"]], q["duration_s"] + 120)
+            r = d["produce"]
+            self.check_produce(r, "replicated closed loop", closed_loop=True)
+            self.record(4, config, rep, "replicated-throughput", {
+                "throughput_mbps": round(r["throughput_mbps"], 2), "throughput_rps": round(r["throughput_rps"]), **latency_ms(r["latency"]),
+                "broker_cpu_pct": round((s.broker_cpu_s or 0) / s.elapsed_s * 100, 1), **s.figures(cpu)}, raw)
+            with Sampler(c.pid) as s:
+                d, cpu, raw = self.bench(c, f"replicated-fixed-{config}-r{rep}", [*produce, "--rate", q["rate"], "--duration-s", q["duration_s"],
+                                                                               "--warmup-s", q["warmup_s"]], q["duration_s"] + 120)
+            r = d["produce"]
+            self.check_produce(r, "replicated fixed rate")
+            self.record(4, config, rep, "replicated-fixed-rate", {
+                "rate_rps": q["rate"], "throughput_rps": round(r["throughput_rps"]), **latency_ms(r["latency"]), "saturated": r["saturated"],
+                "broker_cpu_pct": round((s.broker_cpu_s or 0) / s.elapsed_s * 100, 1), **s.figures(cpu)}, raw)
+            self.replicated_many(c, config, rep)
+        except Exception as e:  # noqa: BLE001
+            self.fail(4, config, rep, "replicated", e)
+        finally:
+            c.stop()
+            for b in c.nodes:
+                try:
+                    shutil.copy(b.log_path, self.logs / f"p4-{config}-r{rep}-{b.work_dir.name}.log")
+                except OSError:
+                    pass
+            shutil.rmtree(c.work_dir, ignore_errors=True)
+
+    def replicated_many(self, c, config, rep):
+        q = self.p["replicated"]
+        n = q["many_partitions"]
+        m = {"partitions": n, "replication_factor": CLUSTER_SIZE}
+        t = time.time()
+        rc, _, _ = run_child([str(BENCH_BIN), "create-topic", "--bootstrap", c.bootstrap, "--topic", "many", "--partitions", str(n),
+                              "--replication-factor", str(CLUSTER_SIZE), "--timeout-ms", "600000"], 900, self.logs / "bench.log")
+        if rc != 0:
+            raise RuntimeError(f"creating {n} RF={CLUSTER_SIZE} partitions failed; log tails:\n{c.log_tail(5)}")
+        m["create_s"] = round(time.time() - t, 2)
+        settle_t = time.time()
+        while time.time() - settle_t < q["settle_max_s"]:
+            with Sampler(c.pid) as s:
+                time.sleep(2)
+            if (s.broker_cpu_s or 0) / s.elapsed_s < 0.10 * CLUSTER_SIZE:
+                break
+        m["settle_s"] = round(time.time() - settle_t, 1)
+        per_node0 = [proc_cpu_s(p) or 0.0 for p in c.pid]
+        with Sampler(c.pid) as s:
+            time.sleep(q["idle_s"])
+        m["idle_cpu_pct"] = round((s.broker_cpu_s or 0) / s.elapsed_s * 100, 2)
+        m["idle_cpu_pct_busiest_node"] = round(max((proc_cpu_s(p) or 0.0) - c0 for p, c0 in zip(c.pid, per_node0)) / s.elapsed_s * 100, 2)
+        m["idle_rss_mb"] = round((proc_rss_bytes(c.pid) or 0) / 1e6, 1)
+        produce = ["--topic", "many", *self.common_produce_args(), "--partitioner", "round-robin"]
+        t = time.time()
+        d, _, _ = self.bench(c, f"replicated-many-first-write-{config}-r{rep}", [*produce, "--rate", 0, "--records", n,
+                                                                              "--duration-s", 600, "--warmup-s", 0, "--linger-ms", 20], 700)
+        m["first_write_all_s"] = round(time.time() - t, 2)
+        m["first_write_errors"] = d["produce"]["error_records"]
+        with Sampler(c.pid) as s:
+            d, cpu, raw = self.bench(c, f"replicated-many-{config}-r{rep}", [*produce, "--rate", q["many_rate"], "--duration-s", q["duration_s"],
+                                                                          "--warmup-s", q["warmup_s"]], q["duration_s"] + 120)
+        r = d["produce"]
+        m.update({"rate_rps": q["many_rate"], "throughput_rps": round(r["throughput_rps"]), **latency_ms(r["latency"]),
+                  "error_records": r["error_records"], "saturated": r["saturated"],
+                  "under_load_cpu_pct": round((s.broker_cpu_s or 0) / s.elapsed_s * 100, 1), **s.figures(cpu)})
+        with Sampler(c.pid) as s:
+            time.sleep(q["idle_s"])
+        m["idle_after_writes_cpu_pct"] = round((s.broker_cpu_s or 0) / s.elapsed_s * 100, 2)
+        if c.disk_guard_tripped:
+            m["disk_guard_tripped"] = True
+        self.record(4, config, rep, "replicated-many-partitions", m, raw)
+        if r["error_records"]:
+            self.fail(4, config, rep, "replicated-many-partitions", f"{r['error_records']} records failed: {r['errors']}")
+
     def scratch_fs(self):
         """A loop-mounted ext4 on a sparse image for many-partitions: whatever a broker
         preallocates per partition stays inside it and cannot fill the shared disk.
@@ -837,6 +1006,11 @@ class Harness:
                         self.phase3(c, rep)
             finally:
                 self.release_scratch_fs()
+        if "replicated" in wl:
+            for rep in range(min(reps, self.p["replicated"]["reps"])):
+                for c in self.order(rep):
+                    log(f"phase 4 rep {rep + 1}: {c} ({CLUSTER_SIZE} nodes)")
+                    self.phase4(c, rep)
         self.elapsed_s = time.time() - t0
 
     def median_metric(self, workload, metric, config, step=None):

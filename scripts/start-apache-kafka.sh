@@ -22,6 +22,12 @@
 #                    its output and waits for readiness itself. tests/conftest.py
 #                    uses this so that kill -9 hits the broker itself.
 #   READY_TIMEOUT_S  background mode: how long to wait for readiness (default 120).
+#   KAFKA_VOTERS     a multi-node cluster: the static voter set, e.g.
+#                    1@127.0.0.1:9093,2@127.0.0.1:9193,3@127.0.0.1:9293, with
+#                    KAFKA_NODE_ID (this node, one of them), KAFKA_CLUSTER_ID (the same
+#                    22-character id on every node) and CONTROLLER_PORT (this node's
+#                    port in the voter set). Internal topics then keep Kafka's
+#                    replication defaults (3). Unset: a single node (node.id 1).
 #   KAFKA_LOG4J_CONFIG  log4j2 config file instead of scripts/apache-kafka/log4j2.properties
 #                    (e.g. one that sets kafka.request.logger to DEBUG to see every
 #                    request's API key and version).
@@ -71,25 +77,34 @@ if [[ -z "$controller_port" ]]; then
     controller_port="$(free_port)"
 fi
 
-# Single node: every internal topic has replication factor 1, and group joins
-# are not delayed (group.initial.rebalance.delay.ms) so tests do not wait 3 s.
+# Single node: every internal topic has replication factor 1. Group joins are not
+# delayed (group.initial.rebalance.delay.ms) so tests do not wait 3 s.
+voters="${KAFKA_VOTERS:-}"
 {
     echo "# Written by scripts/start-apache-kafka.sh; rewritten on every start."
     echo "process.roles=broker,controller"
-    echo "node.id=1"
+    if [[ -n "$voters" ]]; then
+        echo "node.id=${KAFKA_NODE_ID:?KAFKA_VOTERS needs KAFKA_NODE_ID}"
+    else
+        echo "node.id=1"
+    fi
     echo "listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$controller_port"
     echo "advertised.listeners=PLAINTEXT://127.0.0.1:$port"
     echo "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
     echo "inter.broker.listener.name=PLAINTEXT"
     echo "controller.listener.names=CONTROLLER"
-    echo "controller.quorum.bootstrap.servers=127.0.0.1:$controller_port"
+    if [[ -n "$voters" ]]; then
+        echo "controller.quorum.voters=$voters"
+    else
+        echo "controller.quorum.bootstrap.servers=127.0.0.1:$controller_port"
+        echo "offsets.topic.replication.factor=1"
+        echo "transaction.state.log.replication.factor=1"
+        echo "transaction.state.log.min.isr=1"
+        echo "share.coordinator.state.topic.replication.factor=1"
+        echo "share.coordinator.state.topic.min.isr=1"
+    fi
     echo "log.dirs=$log_dir"
     echo "num.partitions=1"
-    echo "offsets.topic.replication.factor=1"
-    echo "transaction.state.log.replication.factor=1"
-    echo "transaction.state.log.min.isr=1"
-    echo "share.coordinator.state.topic.replication.factor=1"
-    echo "share.coordinator.state.topic.min.isr=1"
     echo "group.initial.rebalance.delay.ms=0"
     for kv in "$@"; do
         if [[ "$kv" != *=* ]]; then
@@ -114,13 +129,16 @@ java_opts=(
 if [[ ! -f "$log_dir/meta.properties" ]]; then
     # Kafka cluster ids are 16 random bytes in URL-safe base64 without padding.
     # Like Kafka's Uuid.randomUuid, never start with '-': the tool would read it as an option.
-    cluster_id=-
+    cluster_id="${KAFKA_CLUSTER_ID:--}"
     while [[ "$cluster_id" == -* ]]; do
         cluster_id="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')"
     done
+    # A static voter set is formatted as it is; a single node as a one-voter dynamic quorum.
+    quorum_flag=(--standalone)
+    [[ -n "$voters" ]] && quorum_flag=()
     # The tool prints the whole KafkaConfig; keep that out of the way unless it fails.
     if ! java -Xmx256m "-Dlog4j2.configurationFile=$log4j_config" -cp "$lib_dir/*" \
-        kafka.tools.StorageTool format --config "$props" --cluster-id "$cluster_id" --standalone \
+        kafka.tools.StorageTool format --config "$props" --cluster-id "$cluster_id" "${quorum_flag[@]}" \
         >"$data_dir/format.out" 2>&1; then
         echo "start-apache-kafka: formatting $log_dir failed:" >&2
         tail -n 40 "$data_dir/format.out" >&2

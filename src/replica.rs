@@ -15,6 +15,10 @@
 //! ("ready"); its idempotent-producer state then restarts from the applied state, so a batch
 //! the old leader appended but never answered is recognised as a duplicate when retried.
 //!
+//! An idle group is quiescent: no ticks, its followers watching the leader's node through the
+//! transport's node-level ping, its leader heartbeating only to keep its write lease
+//! (`Replica::tend`).
+//!
 //! Replicated partitions run on shard 0, beside the controller quorum, sharing its Raft
 //! transport (one connection per pair of nodes).
 

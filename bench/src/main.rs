@@ -59,6 +59,8 @@ enum Command {
         topic: String,
         #[arg(long, default_value_t = 1)]
         partitions: i32,
+        #[arg(long, default_value_t = 1)]
+        replication_factor: i16,
         /// Topic config KEY=VALUE (repeatable).
         #[arg(long = "config", value_name = "KEY=VALUE")]
         configs: Vec<String>,
@@ -238,12 +240,19 @@ fn real_main() -> Result<()> {
             bootstrap,
             topic,
             partitions,
+            replication_factor,
             configs,
             timeout_ms,
         } => {
             let mut conn = wire::Conn::connect(&bootstrap, Duration::from_secs(10))?;
             let t = Instant::now();
-            conn.create_topic(&topic, partitions, &parse_kv(&configs)?, timeout_ms)?;
+            conn.create_topic(
+                &topic,
+                partitions,
+                replication_factor,
+                &parse_kv(&configs)?,
+                timeout_ms,
+            )?;
             // CreateTopics answers before every partition has a leader on some brokers.
             wait_for_leaders(
                 &mut conn,
@@ -339,9 +348,15 @@ fn wait_for_leaders(
         });
         if ok {
             // Metadata may name a leader before that leader serves the partition: the first
-            // answered ListOffsets says it does (list_offsets retries until then).
-            let partitions = conn.partitions(topic)?;
-            conn.list_offsets(topic, &partitions, -1)?;
+            // answered ListOffsets, asked of each leader, says it does (list_offsets retries
+            // until then).
+            for (leader, partitions) in conn.partition_leaders(topic)? {
+                wire::Conn::connect(&leader, Duration::from_secs(10))?.list_offsets(
+                    topic,
+                    &partitions,
+                    -1,
+                )?;
+            }
             return Ok(());
         }
         if t.elapsed() > timeout {
@@ -359,7 +374,7 @@ fn run(a: RunArgs) -> Result<()> {
     };
     if let Some(n) = a.create_partitions {
         let mut conn = wire::Conn::connect(&a.bootstrap, Duration::from_secs(10))?;
-        conn.create_topic(&a.topic, n, &parse_kv(&a.topic_configs)?, 120_000)?;
+        conn.create_topic(&a.topic, n, 1, &parse_kv(&a.topic_configs)?, 120_000)?;
         wait_for_leaders(&mut conn, &a.topic, n, Duration::from_secs(120))?;
     }
     let duration = Duration::from_secs_f64(a.duration_s);
@@ -576,7 +591,7 @@ fn startup_probe(
         let attempt = || -> Result<()> {
             let mut conn = wire::Conn::connect(bootstrap, Duration::from_secs(2))?;
             if create {
-                conn.create_topic(topic, 1, &[], 30_000)?;
+                conn.create_topic(topic, 1, 1, &[], 30_000)?;
             }
             let mut b = batch::BatchBuilder::new(1024);
             let now_us = unix_now().as_micros() as u64;

@@ -1,6 +1,8 @@
 //! Open-loop producers.
 //!
-//! Each producer owns one connection and a share of the topic's partitions. Record `k`
+//! Each producer owns one connection to a partition leader and a share of that leader's
+//! partitions (`--producers` connections per leader, so a cluster gets one set per node
+//! that leads something). Record `k`
 //! of a producer is *intended* to be sent at `start + k / rate`, whatever the broker is
 //! doing; its latency is measured from that intended time to the acknowledgement, so a
 //! stalled broker is charged for every record that waited behind the stall
@@ -160,27 +162,26 @@ pub fn run(
     live: Arc<ProduceLive>,
 ) -> Result<ProduceResult> {
     let mut probe = Conn::connect(&opts.bootstrap, Duration::from_secs(10))?;
-    let partitions = probe.partitions(&opts.topic)?;
+    let leaders = probe.partition_leaders(&opts.topic)?;
     let api_versions = probe.versions_used();
     drop(probe);
-    let producers = opts.producers.clamp(1, partitions.len());
-    let mut conns = Vec::new();
-    for _ in 0..producers {
-        conns.push(Conn::connect(&opts.bootstrap, Duration::from_secs(10))?);
+    // `opts.producers` connections to each leader (one on a single broker), each with its
+    // share of that leader's partitions.
+    let mut shares: Vec<(Conn, Vec<i32>)> = Vec::new();
+    for (leader, partitions) in &leaders {
+        let n = opts.producers.clamp(1, partitions.len());
+        for j in 0..n {
+            let mine = partitions.iter().skip(j).step_by(n).copied().collect();
+            shares.push((Conn::connect(leader, Duration::from_secs(10))?, mine));
+        }
     }
+    let producers = shares.len();
     let filler: Arc<Vec<u8>> = Arc::new(filler_bytes(
         opts.record_bytes.saturating_sub(PAYLOAD_HEADER_BYTES),
     ));
     // Every thread waits here so that connection set-up is not charged to the first records.
     let mut handles = Vec::new();
-    for (j, conn) in conns.into_iter().enumerate() {
-        let mine: Vec<i32> = partitions
-            .iter()
-            .copied()
-            .enumerate()
-            .filter(|(i, _)| i % producers == j)
-            .map(|(_, p)| p)
-            .collect();
+    for (j, (conn, mine)) in shares.into_iter().enumerate() {
         let opts = opts.clone();
         let live = live.clone();
         let filler = filler.clone();

@@ -9,7 +9,7 @@
 //! capped by `VERSION_CAPS` (Produce and Fetch stop at 12, the last versions that name
 //! topics rather than carry topic ids).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
@@ -89,6 +89,18 @@ pub struct Conn {
 
 impl Conn {
     pub fn connect(bootstrap: &str, timeout: Duration) -> Result<Conn> {
+        // A bootstrap list (`host:port,host:port`): the first that answers, like Kafka clients.
+        let mut failure = None;
+        for one in bootstrap.split(',') {
+            match Self::connect_one(one.trim(), timeout) {
+                Ok(conn) => return Ok(conn),
+                Err(e) => failure = Some(e),
+            }
+        }
+        Err(failure.unwrap_or_else(|| anyhow::anyhow!("empty bootstrap list")))
+    }
+
+    fn connect_one(bootstrap: &str, timeout: Duration) -> Result<Conn> {
         let addr = bootstrap
             .to_socket_addrs()
             .with_context(|| format!("resolving {bootstrap}"))?
@@ -229,18 +241,57 @@ impl Conn {
         Ok(ps)
     }
 
+    /// The partitions of `topic` grouped by the address (`host:port`) of their leader; an
+    /// error while some partition has no leader.
+    pub fn partition_leaders(&mut self, topic: &str) -> Result<BTreeMap<String, Vec<i32>>> {
+        let resp = self.metadata(Some(&[topic.to_string()]))?;
+        let brokers: HashMap<i32, String> = resp
+            .brokers
+            .iter()
+            .map(|b| (b.node_id.0, format!("{}:{}", b.host.as_str(), b.port)))
+            .collect();
+        let t = resp
+            .topics
+            .first()
+            .context("metadata response without topics")?;
+        ensure!(
+            t.error_code == 0,
+            "metadata for {topic}: error {} ({})",
+            t.error_code,
+            error_name(t.error_code)
+        );
+        let mut leaders: BTreeMap<String, Vec<i32>> = BTreeMap::new();
+        for p in &t.partitions {
+            let addr = brokers.get(&p.leader_id.0).with_context(|| {
+                format!(
+                    "{topic}-{}: no leader (error {})",
+                    p.partition_index, p.error_code
+                )
+            })?;
+            leaders
+                .entry(addr.clone())
+                .or_default()
+                .push(p.partition_index);
+        }
+        for ps in leaders.values_mut() {
+            ps.sort();
+        }
+        Ok(leaders)
+    }
+
     /// Creates `topic`; an existing topic with the same partition count is fine.
     pub fn create_topic(
         &mut self,
         topic: &str,
         partitions: i32,
+        replication_factor: i16,
         configs: &[(String, String)],
         timeout_ms: i32,
     ) -> Result<()> {
         use kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic;
         use kafka_protocol::messages::{CreatePartitionsRequest, CreatePartitionsResponse};
         let first = partitions.min(PARTITIONS_PER_REQUEST_MAX);
-        self.create_topic_once(topic, first, configs, timeout_ms)?;
+        self.create_topic_once(topic, first, replication_factor, configs, timeout_ms)?;
         let mut count =
             self.wait_partitions(topic, first, Duration::from_millis(timeout_ms as u64))?;
         while count < partitions {
@@ -286,6 +337,7 @@ impl Conn {
         &mut self,
         topic: &str,
         partitions: i32,
+        replication_factor: i16,
         configs: &[(String, String)],
         timeout_ms: i32,
     ) -> Result<()> {
@@ -295,7 +347,7 @@ impl Conn {
         let t = CreatableTopic::default()
             .with_name(TopicName(StrBytes::from_string(topic.to_string())))
             .with_num_partitions(partitions)
-            .with_replication_factor(1)
+            .with_replication_factor(replication_factor)
             .with_configs(
                 configs
                     .iter()

@@ -21,9 +21,12 @@
 //! - openraft requires appended entries to be readable before they are fsynced; io/ reads
 //!   stop at the durable offset, so the store keeps not-yet-durable entries in memory.
 //!
-//! - openraft heartbeats each group separately (there is no shared heartbeat), so idle groups
-//!   cost CPU in proportion to their number; node-level liveness with quiescent groups would
-//!   remove that and is not built.
+//! - openraft heartbeats and ticks each group separately (there is no shared heartbeat). The
+//!   broker quiesces idle groups instead (their ticks off, followers watching the leader's
+//!   node through the transport's node-level ping, see `ferrolog::replica`), but a leader
+//!   still needs one heartbeat round per group every few seconds: openraft refuses writes
+//!   once a leader's quorum-acknowledged lease (`election_timeout_max`) has run out, and the
+//!   lease cannot be fed from node-level liveness.
 //!
 //! Not built yet: a snapshot that tells a lagging follower which Kafka offset to resume at
 //! (snapshots carry no data, and logs are never purged, so none is needed until retention

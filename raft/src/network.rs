@@ -3,8 +3,8 @@
 //!
 //! Outgoing: each peer has one write buffer. An RPC is encoded into it and the connection's
 //! writer sends everything buffered in one write, so the heartbeats and appends that many
-//! groups queue while a write is in flight leave together (coalesced per write, not yet per
-//! heartbeat interval: openraft still sends one heartbeat RPC per group). Replies are matched
+//! groups queue while a write is in flight leave together (coalesced per write; each group's
+//! heartbeat is still its own frame). Replies are matched
 //! to callers by correlation id. The buffer is bounded ([`PEER_BUFFER_BYTES_MAX`]); past it,
 //! RPCs fail as `Unreachable` and openraft backs off.
 //!
@@ -12,7 +12,9 @@
 //! registry, in its own task (at most [`SERVER_IN_FLIGHT_MAX`] per connection), and writes
 //! replies back through a buffer of the same kind.
 //!
-//! A connection that fails fails every RPC waiting on it; the next RPC reconnects.
+//! A connection that fails fails every RPC waiting on it; the next RPC reconnects. A
+//! keepalive ping per peer tells which nodes answer (`is_alive`) and counts reconnections
+//! (`liveness`), the node-level view that quiescent groups rely on.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;

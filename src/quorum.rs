@@ -469,8 +469,8 @@ async fn register(shard: &Rc<Shard>, id: i32, record: BrokerRecord) -> Result<()
 
 /// Lets idle partition groups stop ticking, wakes them when something changes and sends
 /// the quiet leaders' lease heartbeats (`Replica::tend`), every `KEEPALIVE_INTERVAL` on
-/// shard 0. After this node stalled (a
-/// SIGSTOP, a starved CPU) its peers' pongs are stale, so it decides nothing for a second.
+/// shard 0. After this node stalled (a SIGSTOP, a starved CPU) what it heard is stale, so for
+/// 3 s it only sends the heartbeats.
 async fn quiescence_loop(shard: Weak<Shard>) {
     let mut last = Instant::now();
     let mut settle_until = last;
@@ -481,7 +481,7 @@ async fn quiescence_loop(shard: Weak<Shard>) {
         };
         let now = Instant::now();
         if now.duration_since(last) > KEEPALIVE_INTERVAL * 3 {
-            settle_until = now + Duration::from_secs(1);
+            settle_until = now + Duration::from_secs(3);
         }
         last = now;
         let due: Vec<_> = shard

@@ -15,9 +15,8 @@
 //! ("ready"); its idempotent-producer state then restarts from the applied state, so a batch
 //! the old leader appended but never answered is recognised as a duplicate when retried.
 //!
-//! An idle group is quiescent: no ticks, its followers watching the leader's node through the
-//! transport's node-level ping, its leader heartbeating only to keep its write lease
-//! (`Replica::tend`).
+//! An idle group is quiescent: no ticks (openraft's 500 ms heartbeats and election timer), its
+//! leader heartbeating only every 2 s to keep its write lease (`Replica::tend`).
 //!
 //! Replicated partitions run on shard 0, beside the controller quorum, sharing its Raft
 //! transport (one connection per pair of nodes).
@@ -39,6 +38,7 @@ use ferrolog_raft::state_machine::PartitionStateMachine;
 use ferrolog_raft::store::{LogStore, StoreView};
 use ferrolog_raft::wire::GroupId;
 use ferrolog_raft::{openraft, GlommioRuntime};
+use openraft::error::{ClientWriteError, ForwardReason, RaftError};
 use openraft::storage::{RaftLogReader, RaftLogStorage};
 use openraft::{AsyncRuntime, BasicNode, EntryPayload, Raft};
 use uuid::Uuid;
@@ -83,6 +83,12 @@ const QUIET_AFTER: Duration = Duration::from_secs(3);
 /// How often a quiet leader heartbeats its followers: well within its 3.5 s lease.
 const QUIET_BEAT: Duration = Duration::from_secs(2);
 
+/// A quiet follower ticks again once its group heard nothing from its leader this long.
+const LEADER_SILENT: Duration = Duration::from_secs(4);
+
+/// A follower whose node answered no ping this long counts as gone for quiescence.
+const FOLLOWER_SILENT: Duration = Duration::from_secs(2);
+
 /// Where a replica sits: this node, the partition's replicas and their Raft addresses.
 pub struct Placement<'a> {
     pub node_id: i32,
@@ -125,10 +131,6 @@ pub struct Replica {
     calm: Cell<Option<(u64, Instant)>>,
     /// When this leader last heartbeat its followers (or ticked, which does).
     last_beat: Cell<Instant>,
-    /// How long a quiescent follower lets its leader's node be silent before it wakes and
-    /// stands for election: 1-2.5 s, different per node and group, so one replica usually
-    /// stands first and wins.
-    silence: Duration,
 }
 
 impl Replica {
@@ -222,11 +224,6 @@ impl Replica {
             quiet: Cell::new(false),
             calm: Cell::new(None),
             last_beat: Cell::new(Instant::now()),
-            silence: {
-                let mut h = DefaultHasher::new();
-                (group.0, node_id).hash(&mut h);
-                Duration::from_millis(1000 + h.finish() % 1500)
-            },
         };
         Ok((log, replica))
     }
@@ -278,9 +275,9 @@ impl Replica {
         }
         let term = self.raft.metrics().borrow_watched().current_term;
         if self.resync.get() && self.ready_term.get() == Some(term) {
-            // A proposal of this term failed, yet its batch is in the producer state and
-            // the predicted offsets: once every proposal in flight is settled, the applied
-            // state is the truth again.
+            // A batch of this term was refused, yet it is in the producer state and the
+            // predicted offsets: once every proposal in flight is settled (committed, hence
+            // applied, or refused), the applied state is the truth again.
             if self.in_flight.get() > 0 {
                 return Err(BrokerError::NotLeaderOrFollower);
             }
@@ -296,31 +293,26 @@ impl Replica {
         Ok(())
     }
 
-    /// The offset the next proposed batch of `records` records gets, on a ready leader.
+    /// The offset the next proposed batch of `records` records gets, on a ready leader; the
+    /// batch counts as in flight until `replicate` settles it.
     pub fn reserve(&self, records: i64) -> i64 {
+        self.in_flight.set(self.in_flight.get() + 1);
         let base = self.next_offset.get();
         self.next_offset.set(base + records);
         base
     }
 
-    /// Replicates `batch` and returns the Kafka offsets it got once it is committed. A
-    /// failure while this node still leads the same term (its lease ran out, a timeout)
-    /// makes `ready` rebuild the producer state first, so a retry of the lost batch is not
-    /// taken for a duplicate.
+    /// Replicates `batch` (its offsets `reserve`d) and returns the Kafka offsets it got once
+    /// it is committed. A batch refused because the leader's lease ran out was never appended,
+    /// yet this term's producer state has it: `ready` rebuilds that state before the next
+    /// produce, so a retry is not taken for a duplicate. (A batch that timed out is in the log
+    /// and may still commit: its retry must be taken for a duplicate, and is.)
     pub async fn replicate(&self, batch: bytes::Bytes) -> Result<(i64, i64), BrokerError> {
         let term = self.ready_term.get();
-        self.in_flight.set(self.in_flight.get() + 1);
-        let result = self.propose(batch).await;
-        self.in_flight.set(self.in_flight.get() - 1);
-        if result.is_err() && self.ready_term.get() == term {
-            self.resync.set(true);
-        }
-        result
-    }
-
-    async fn propose(&self, batch: bytes::Bytes) -> Result<(i64, i64), BrokerError> {
         let write = GlommioRuntime::timeout(COMMIT_TIMEOUT, self.raft.client_write(Batch(batch)));
-        match write.await {
+        let result = write.await;
+        self.in_flight.set(self.in_flight.get() - 1);
+        match result {
             Ok(Ok(response)) => {
                 let index = response.log_id.index;
                 match (self.view.base_offset(index), self.view.end_offset(index)) {
@@ -329,7 +321,14 @@ impl Replica {
                     _ => unreachable!("committed entry {index} is not in the log"),
                 }
             }
-            Ok(Err(_)) => Err(BrokerError::NotLeaderOrFollower),
+            Ok(Err(e)) => {
+                if let RaftError::APIError(ClientWriteError::ForwardToLeader(f)) = &e {
+                    if f.reason == ForwardReason::LeaseExpired && self.ready_term.get() == term {
+                        self.resync.set(true);
+                    }
+                }
+                Err(BrokerError::NotLeaderOrFollower)
+            }
             Err(_) => Err(BrokerError::RequestTimedOut(format!(
                 "batch not committed within {COMMIT_TIMEOUT:?}: too few replicas reachable"
             ))),
@@ -397,29 +396,33 @@ impl Replica {
 
     /// Quiescence: turns the group's ticks (openraft's heartbeats and election timer) off
     /// while it is idle and stable, and back on when anything moves, so thousands of idle
-    /// partitions cost little while failures are still handled by openraft's own timers.
-    /// Called every few hundred ms; `settling` after this node stalled (its view of its peers
-    /// is stale then), when nothing changes. Returns whether a quiet leader is due for the
-    /// heartbeat that keeps its lease (`QUIET_BEAT`): the caller sends all of them together.
+    /// partitions cost little. Called every few hundred ms; `settling` after this node stalled
+    /// (what it heard is stale then), when only heartbeats go out. Returns whether a quiet
+    /// leader is due for the heartbeat that keeps its lease (`QUIET_BEAT`): the caller sends
+    /// all of them together.
     ///
-    /// - A follower is quiet while its leader's node answers pings (node-level, one per pair
-    ///   of nodes); when the node is silent for `silence`, the follower ticks and, its
-    ///   election timer having run out, stands for election.
     /// - A leader is quiet once, for `QUIET_AFTER`, nothing was appended, every answering
     ///   follower has its whole log and no follower's node went silent, came back or
     ///   reconnected; any such change makes it tick again.
+    /// - A follower is quiet while its group hears from its leader (the quiet leader's
+    ///   heartbeats, or appends). After `LEADER_SILENT` it ticks again; openraft then stands
+    ///   for election once the leader's lease (3.5 s) and an election timeout (2-3.5 s) have
+    ///   passed since the last heartbeat, as it would have without quiescence. That delay is
+    ///   also why a follower woken needlessly does not depose a live leader.
     pub fn tend(&self, settling: bool) -> bool {
-        if settling {
+        let (quiet, leading) = if settling {
             self.calm.set(None);
-            return false;
-        }
-        let (quiet, leading) = {
+            (self.quiet.get(), self.quiet.get() && self.is_leader())
+        } else {
             let m = self.raft.metrics();
             let m = m.borrow_watched();
             match m.current_leader {
                 Some(leader) if leader != self.node_id => (
                     m.state == openraft::ServerState::Follower
-                        && self.transport.is_alive(leader, self.silence),
+                        && self
+                            .transport
+                            .heard(self.group)
+                            .is_some_and(|t| t.elapsed() < LEADER_SILENT),
                     false,
                 ),
                 Some(_) if m.state == openraft::ServerState::Leader => {
@@ -430,7 +433,7 @@ impl Replica {
                         if *id == self.node_id {
                             continue;
                         }
-                        let liveness = self.transport.liveness(*id, self.lag_max);
+                        let liveness = self.transport.liveness(*id, FOLLOWER_SILENT);
                         (id, liveness).hash(&mut signature);
                         caught_up &= !liveness.0 || matched.map(|l| l.index) == m.last_log_index;
                     }

@@ -10,8 +10,9 @@ clients, each checked for lost, duplicated and reordered records.
   when they come back;
 - restart the whole cluster: everything committed is there;
 - OffsetForLeaderEpoch answers per epoch after a leader change;
-- idle partitions (their groups quiescent: no ticks, no heartbeats) fail over when their
-  leader's node is killed, and take the node back when it returns.
+- idle partitions (their groups quiescent: no ticks, lease-only heartbeats) take writes at
+  once, fail over when their leader's node is killed or its process hangs (SIGSTOP), and
+  take the node back when it returns.
 
 ferrolog only, like test_cluster.py.
 """
@@ -165,6 +166,28 @@ def test_idle_partitions_fail_over(cluster):
     more = produce(cluster.bootstrap(*survivors), topic, partitions, 240, "j")
     cluster.nodes[victim].start()
     wait_until(lambda: all_led(cluster, topic, partitions), "victim back in every ISR", timeout_s=30)
+    got = {p: [v for _, v in read_partition(cluster.bootstrap(), topic, p)] for p in range(partitions)}
+    check({p: sent[p] + more[p] for p in range(partitions)}, got)
+
+
+def test_stopped_leader_of_idle_partitions_is_replaced(cluster):
+    """A leader whose process hangs (SIGSTOP: its host still accepts TCP connections) stops
+    heartbeating its quiet groups; their followers must notice and elect a new leader."""
+    topic = "idle-stop"
+    partitions = 3
+    replicated_topic(cluster, topic, partitions)
+    sent = produce(cluster.bootstrap(), topic, partitions, 30, "h")
+    time.sleep(6)  # every group quiet
+    victim = leader_of(cluster, topic, 0, 1)
+    survivors = [i for i in IDS if i != victim]
+    proc = cluster.nodes[victim].proc
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        wait_until(lambda: leader_of(cluster, topic, 0, survivors[0]) in survivors, "a new leader for partition 0", timeout_s=20)
+        more = produce(cluster.bootstrap(*survivors), topic, partitions, 30, "k")
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    wait_until(lambda: all_led(cluster, topic, partitions), "stopped node back in every ISR", timeout_s=30)
     got = {p: [v for _, v in read_partition(cluster.bootstrap(), topic, p)] for p in range(partitions)}
     check({p: sent[p] + more[p] for p in range(partitions)}, got)
 

@@ -13,8 +13,9 @@
 //! replies back through a buffer of the same kind.
 //!
 //! A connection that fails fails every RPC waiting on it; the next RPC reconnects. A
-//! keepalive ping per peer tells which nodes answer (`is_alive`) and counts reconnections
-//! (`liveness`), the node-level view that quiescent groups rely on.
+//! keepalive ping per peer tells which nodes answer (`is_alive`, the ISR's view of idle
+//! partitions) and counts reconnections (`liveness`); `heard` tells when each group last
+//! took an append from its leader (quiescent followers watch it).
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -94,6 +95,8 @@ pub type ForwardHandler = Rc<dyn Fn(Bytes) -> LocalBoxFuture<'static, Result<Byt
 pub struct Transport {
     peers: RefCell<HashMap<u64, Rc<Peer>>>,
     groups: RefCell<HashMap<GroupId, GroupRaft>>,
+    /// When each group last took an append (entries or a heartbeat) from its leader.
+    heard: RefCell<HashMap<GroupId, std::time::Instant>>,
     forward: RefCell<Option<ForwardHandler>>,
     tasks: Rc<TaskSet>,
 }
@@ -103,6 +106,7 @@ impl Transport {
         Rc::new(Transport {
             peers: RefCell::new(HashMap::new()),
             groups: RefCell::new(HashMap::new()),
+            heard: RefCell::new(HashMap::new()),
             forward: RefCell::new(None),
             tasks: Rc::new(TaskSet::default()),
         })
@@ -144,6 +148,7 @@ impl Transport {
 
     /// Stops routing RPCs to `group` (it is being shut down or moved).
     pub fn unregister(&self, group: GroupId) -> Option<GroupRaft> {
+        self.heard.borrow_mut().remove(&group);
         self.groups.borrow_mut().remove(&group)
     }
 
@@ -183,13 +188,18 @@ impl Transport {
         }
     }
 
-    /// Whether `node_id` answered anything within `within` (true for a peer never contacted:
-    /// it gets the benefit of the doubt until its first call fails to get an answer).
+    /// Whether `node_id` answered anything within `within` (a peer gets the benefit of the
+    /// doubt for `within` after it is first contacted; a connection alone is no answer).
     pub fn is_alive(&self, node_id: u64, within: Duration) -> bool {
         self.peers
             .borrow()
             .get(&node_id)
             .is_none_or(|p| p.last_reply.get().elapsed() < within)
+    }
+
+    /// When `group` last took an append (entries or a heartbeat) from its leader here.
+    pub fn heard(&self, group: GroupId) -> Option<std::time::Instant> {
+        self.heard.borrow().get(&group).copied()
     }
 
     /// `is_alive`, and how many connections to the node were made so far (a change means
@@ -287,7 +297,12 @@ impl Transport {
         };
         match message {
             Message::Append(rpc) => match raft.append_entries(rpc).await {
-                Ok(reply) => Message::AppendReply(reply),
+                Ok(reply) => {
+                    self.heard
+                        .borrow_mut()
+                        .insert(group, std::time::Instant::now());
+                    Message::AppendReply(reply)
+                }
                 Err(e) => Message::Failed(e.to_string()),
             },
             Message::Vote(rpc) => match raft.vote(rpc).await {
@@ -487,7 +502,7 @@ impl Peer {
         let (mut reader, writer) = stream.split();
         let out = Rc::new(Outbox::default());
         *self.out.borrow_mut() = out.clone();
-        self.last_reply.set(std::time::Instant::now());
+        // Not a reply: a stopped process still completes TCP handshakes (its backlog does).
         self.connects.set(self.connects.get() + 1);
         let writer_out = out.clone();
         self.tasks.spawn(async move {

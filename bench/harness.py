@@ -319,13 +319,19 @@ class Broker:
         self._guard = threading.Thread(target=guard, daemon=True)
         self._guard.start()
 
+    def terminate(self):
+        """SIGTERM (clean shutdown) without waiting; False when it was not running."""
+        self._guard_stop.set()
+        if not self.alive():
+            return False
+        self.proc.send_signal(signal.SIGTERM)
+        return True
+
     def stop(self, timeout_s=60):
         """SIGTERM (clean shutdown), SIGKILL after timeout_s; returns seconds taken or None."""
-        self._guard_stop.set()
-        if self.proc is None or self.proc.poll() is not None:
-            return None
         t = time.time()
-        self.proc.send_signal(signal.SIGTERM)
+        if not self.terminate():
+            return None
         try:
             self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -381,11 +387,7 @@ class Cluster:
     def stop(self, timeout_s=30):
         """SIGTERM to every node at once (one by one, the last Kafka nodes would wait for a
         controller quorum that is gone), SIGKILL to those still running after timeout_s."""
-        live = [b for b in self.nodes if b.alive()]
-        for b in self.nodes:
-            b._guard_stop.set()
-        for b in live:
-            b.proc.send_signal(signal.SIGTERM)
+        live = [b for b in self.nodes if b.terminate()]
         deadline = time.time() + timeout_s
         for b in live:
             try:
@@ -445,6 +447,20 @@ class Sampler:
             "other_cpu_pct": round(max(0.0, other) / (self.elapsed_s * NCPU) * 100, 1),
             "broker_rss_peak_mb": round(self.rss_peak / 1e6, 1),
         }
+
+
+def settle(pids, max_s):
+    """Waits (up to max_s) until the broker, or each node of a cluster, uses under 10% of a
+    core over 2 s: done with what it does in the background after a big create. Returns the
+    seconds waited."""
+    t = time.time()
+    nodes = len(pids) if isinstance(pids, list) else 1
+    while time.time() - t < max_s:
+        with Sampler(pids) as s:
+            time.sleep(2)
+        if (s.broker_cpu_s or 0) / s.elapsed_s < 0.10 * nodes:
+            break
+    return round(time.time() - t, 1)
 
 
 def run_child(cmd, timeout_s, log_path=None, env=None):
@@ -788,13 +804,7 @@ class Harness:
                 raise RuntimeError(f"creating {q['partitions']} partitions failed; broker log:\n{b.log_tail(5)}")
             m["create_s"] = round(time.time() - t, 2)
             # Wait for the broker to settle (Kafka creates the partition logs in the background).
-            settle_t = time.time()
-            while time.time() - settle_t < q["settle_max_s"]:
-                with Sampler(b.pid) as s:
-                    time.sleep(2)
-                if (s.broker_cpu_s or 0) / s.elapsed_s < 0.10:
-                    break
-            m["settle_s"] = round(time.time() - settle_t, 1)
+            m["settle_s"] = settle(b.pid, q["settle_max_s"])
             with Sampler(b.pid) as s:
                 time.sleep(q["idle_s"])
             m["idle_cpu_pct"] = round((s.broker_cpu_s or 0) / s.elapsed_s * 100, 2)
@@ -895,13 +905,7 @@ class Harness:
         if rc != 0:
             raise RuntimeError(f"creating {n} RF={CLUSTER_SIZE} partitions failed; log tails:\n{c.log_tail(5)}")
         m["create_s"] = round(time.time() - t, 2)
-        settle_t = time.time()
-        while time.time() - settle_t < q["settle_max_s"]:
-            with Sampler(c.pid) as s:
-                time.sleep(2)
-            if (s.broker_cpu_s or 0) / s.elapsed_s < 0.10 * CLUSTER_SIZE:
-                break
-        m["settle_s"] = round(time.time() - settle_t, 1)
+        m["settle_s"] = settle(c.pid, q["settle_max_s"])
         per_node0 = [proc_cpu_s(p) or 0.0 for p in c.pid]
         with Sampler(c.pid) as s:
             time.sleep(q["idle_s"])

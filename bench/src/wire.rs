@@ -225,16 +225,7 @@ impl Conn {
     /// Partitions of `topic` and their count, or an error if the topic is unknown.
     pub fn partitions(&mut self, topic: &str) -> Result<Vec<i32>> {
         let resp = self.metadata(Some(&[topic.to_string()]))?;
-        let t = resp
-            .topics
-            .first()
-            .context("metadata response without topics")?;
-        ensure!(
-            t.error_code == 0,
-            "metadata for {topic}: error {} ({})",
-            t.error_code,
-            error_name(t.error_code)
-        );
+        let t = only_topic(&resp, topic)?;
         let mut ps: Vec<i32> = t.partitions.iter().map(|p| p.partition_index).collect();
         ps.sort();
         ensure!(!ps.is_empty(), "topic {topic} has no partitions");
@@ -250,16 +241,7 @@ impl Conn {
             .iter()
             .map(|b| (b.node_id.0, format!("{}:{}", b.host.as_str(), b.port)))
             .collect();
-        let t = resp
-            .topics
-            .first()
-            .context("metadata response without topics")?;
-        ensure!(
-            t.error_code == 0,
-            "metadata for {topic}: error {} ({})",
-            t.error_code,
-            error_name(t.error_code)
-        );
+        let t = only_topic(&resp, topic)?;
         let mut leaders: BTreeMap<String, Vec<i32>> = BTreeMap::new();
         for p in &t.partitions {
             let addr = brokers.get(&p.leader_id.0).with_context(|| {
@@ -453,6 +435,24 @@ impl Conn {
 }
 
 /// Reads one length-prefixed frame and returns its body (response header + message).
+/// The one topic a Metadata request for `topic` asked about, or its error.
+fn only_topic<'a>(
+    resp: &'a MetadataResponse,
+    topic: &str,
+) -> Result<&'a kafka_protocol::messages::metadata_response::MetadataResponseTopic> {
+    let t = resp
+        .topics
+        .first()
+        .context("metadata response without topics")?;
+    ensure!(
+        t.error_code == 0,
+        "metadata for {topic}: error {} ({})",
+        t.error_code,
+        error_name(t.error_code)
+    );
+    Ok(t)
+}
+
 pub fn read_frame(stream: &mut impl Read) -> Result<Bytes> {
     let mut len = [0u8; 4];
     stream

@@ -366,7 +366,9 @@ def markdown(h, r, summary):
     add(f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, kernel {m['kernel']}, data on `{m['data_filesystem']}`. "
         f"Load average at start {' '.join(m['loadavg_at_start'])}.")
     reps = r["profile"]["reps"]
-    add(f"{reps} repetition(s) per workload, brokers alternating in rotated order; cells are **median [min–max]**. "
+    fewer = [f"{name}: {n}" for key, name in (("many_partitions", "many-partitions"), ("replicated", "replicated"))
+             if (n := min(reps, r["profile"].get(key, {}).get("reps", reps))) != reps]
+    add(f"{reps} repetition(s) per workload{' (' + ', '.join(fewer) + ')' if fewer else ''}, brokers alternating in rotated order; cells are **median [min–max]**. "
         f"MB = 10^6 bytes. Total time {fmt(r['elapsed_s'])} s." if r["elapsed_s"] else "")
     if r["quick"]:
         add("")

@@ -47,16 +47,19 @@ pub enum AppendStep {
     /// Appended to the local log (unreplicated): wait for durability as acks asks.
     Local(Appended),
     /// Proposed to the Raft group (replicated): `commit` resolves once it is committed (the
-    /// proposal is under way whether or not anyone waits).
+    /// proposal is under way whether or not anyone waits). `reserved`: where the leader put it
+    /// (a duplicate: where it already is).
     Replicated {
+        reserved: Appended,
         commit: LocalBoxFuture<'static, Result<Appended, BrokerError>>,
     },
 }
 
 impl AppendStep {
-    /// Waits until the batch counts as written. Unreplicated: fsynced when `durable`.
-    /// Replicated: committed on a majority, whatever the acks (see the README: acks=1 is
-    /// answered at commit too, which is stronger than Kafka's leader-only acks=1).
+    /// Waits until the batch counts as written, `durable` for acks=all. Unreplicated: fsynced
+    /// when `durable`, else at once. Replicated: committed on a majority when `durable`, else
+    /// (acks=1) once the leader's own log holds it, fsynced, unless the proposal failed
+    /// first; a leader lost before the followers have it may lose it, as in Kafka.
     pub async fn finish(self, log: &Log, durable: bool) -> Result<Appended, BrokerError> {
         match self {
             AppendStep::Local(appended) if durable => {
@@ -66,7 +69,23 @@ impl AppendStep {
                 Ok(appended)
             }
             AppendStep::Local(appended) => Ok(appended),
-            AppendStep::Replicated { commit, .. } => commit.await,
+            AppendStep::Replicated { commit, .. } if durable => commit.await,
+            AppendStep::Replicated { reserved, commit } => {
+                // The commit's outcome first: a refused proposal's offsets may be filled by
+                // later batches, whose durability says nothing of it.
+                let written = std::pin::pin!(log.wait_durable(reserved.end_offset));
+                match futures::future::select(commit, written).await {
+                    futures::future::Either::Left((committed, _)) => committed,
+                    futures::future::Either::Right((Ok(()), _)) => Ok(reserved),
+                    // Truncated: this node lost the lead and its unreplicated tail.
+                    futures::future::Either::Right((Err(LogError::Truncated), _)) => {
+                        Err(BrokerError::NotLeaderOrFollower)
+                    }
+                    futures::future::Either::Right((Err(e), _)) => {
+                        Err(BrokerError::Storage(e.to_string()))
+                    }
+                }
+            }
         }
     }
 }
@@ -353,6 +372,7 @@ impl Partition {
                 // In the log, maybe not yet committed: acks=all answers once it is.
                 let me = self.clone();
                 return Ok(AppendStep::Replicated {
+                    reserved: appended,
                     commit: async move {
                         let replica = me.replica.as_ref().expect("replicated");
                         replica.wait_committed(appended.end_offset).await?;
@@ -415,6 +435,7 @@ impl Partition {
             })
             .detach();
             return Ok(AppendStep::Replicated {
+                reserved: appended,
                 commit: async move { rx.await.unwrap_or(Err(BrokerError::NotLeaderOrFollower)) }
                     .boxed_local(),
             });

@@ -20,7 +20,7 @@
 //! Liveness: the leader fences a broker whose Raft heartbeats it has not had acknowledged for
 //! `broker.session.timeout.ms`, and unfences it when they come back.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::rc::{Rc, Weak};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -45,6 +45,7 @@ use crate::errors::BrokerError;
 use crate::group::codec;
 use crate::kafka::handlers::admin::{create_topics, TopicSpec};
 use crate::metadata::{partition_key, BrokerRecord, ClusterState, LeaderRecord};
+use crate::replica::BEAT_INTERVAL;
 use crate::shard::Shard;
 use crate::types::now_ms;
 
@@ -58,6 +59,8 @@ const STATE_KEY: &[u8] = b"cluster-state";
 const TICK: Duration = Duration::from_millis(200);
 /// How often each node pings each peer (node liveness, for the ISR of idle partitions).
 const KEEPALIVE_INTERVAL: Duration = Duration::from_millis(250);
+/// How often the quiescence loop looks at every partition group (`Replica::tend`).
+const QUIESCENCE_INTERVAL: Duration = Duration::from_millis(500);
 /// Least time between two ISR-only reports of one partition.
 const ISR_REPORT_INTERVAL: Duration = Duration::from_secs(2);
 /// How long a node waits for the controller's answer to a forwarded report.
@@ -241,7 +244,11 @@ impl Quorum {
             node_id,
         });
         glommio::spawn_local(controller_loop(Rc::downgrade(shard), quorum.clone())).detach();
-        glommio::spawn_local(quiescence_loop(Rc::downgrade(shard))).detach();
+        glommio::spawn_local(quiescence_loop(
+            Rc::downgrade(shard),
+            quorum.transport.clone(),
+        ))
+        .detach();
         Ok(quorum)
     }
 
@@ -467,33 +474,65 @@ async fn register(shard: &Rc<Shard>, id: i32, record: BrokerRecord) -> Result<()
         .await
 }
 
-/// Lets idle partition groups stop ticking, wakes them when something changes and sends
-/// the quiet leaders' lease heartbeats (`Replica::tend`), every `KEEPALIVE_INTERVAL` on
-/// shard 0. After this node stalled (a SIGSTOP, a starved CPU) what it heard is stale, so for
-/// 3 s it only sends the heartbeats.
-async fn quiescence_loop(shard: Weak<Shard>) {
+/// Lets idle partition groups stop ticking and wakes them when something changes
+/// (`Replica::tend`), every `QUIESCENCE_INTERVAL` on shard 0; every `BEAT_INTERVAL` sends each
+/// peer one coalesced beat naming the quiet groups this node leads there, and wakes those the
+/// peer does not follow it in. After this node stalled (a SIGSTOP, a starved CPU) what it
+/// heard is stale, so for 3 s it changes nothing and only sends the beats.
+async fn quiescence_loop(shard: Weak<Shard>, transport: Rc<Transport>) {
     let mut last = Instant::now();
     let mut settle_until = last;
+    let mut next_beat = last;
     loop {
-        glommio::timer::sleep(KEEPALIVE_INTERVAL).await;
+        glommio::timer::sleep(QUIESCENCE_INTERVAL).await;
         let Some(shard) = shard.upgrade() else {
             return;
         };
         let now = Instant::now();
-        if now.duration_since(last) > KEEPALIVE_INTERVAL * 3 {
+        if now.duration_since(last) > QUIESCENCE_INTERVAL * 3 {
             settle_until = now + Duration::from_secs(3);
         }
         last = now;
-        let due: Vec<_> = shard
-            .replicated_partitions()
-            .iter()
-            .filter_map(|p| p.replica.as_ref())
-            .filter(|replica| replica.tend(now < settle_until))
-            .map(|replica| replica.raft.clone())
-            .collect();
-        // Triggered in one pass, these heartbeats leave together: one write per peer.
-        for raft in due {
-            let _ = raft.trigger().heartbeat().await;
+        let mut beats: BTreeMap<u64, Vec<(GroupId, u64)>> = BTreeMap::new();
+        for partition in shard.replicated_partitions() {
+            let Some(lead) = partition
+                .replica
+                .as_ref()
+                .and_then(|r| r.tend(now < settle_until))
+            else {
+                continue;
+            };
+            for follower in lead.followers {
+                beats
+                    .entry(follower)
+                    .or_default()
+                    .push((lead.group, lead.term));
+            }
+        }
+        if now < next_beat {
+            continue;
+        }
+        next_beat = now + BEAT_INTERVAL;
+        let me = shard.config.node_id as u64;
+        for (peer, groups) in beats {
+            let (transport, shard) = (transport.clone(), Rc::downgrade(&shard));
+            glommio::spawn_local(async move {
+                let Ok(stale) = transport.beat(peer, me, groups, BEAT_INTERVAL * 2).await else {
+                    return; // the peer is silent: its liveness wakes the groups it follows
+                };
+                let Some(shard) = shard.upgrade().filter(|_| !stale.is_empty()) else {
+                    return;
+                };
+                let stale: HashSet<GroupId> = stale.into_iter().collect();
+                for partition in shard.replicated_partitions() {
+                    if let Some(replica) = partition.replica.as_ref() {
+                        if stale.contains(&replica.group()) {
+                            replica.wake();
+                        }
+                    }
+                }
+            })
+            .detach();
         }
     }
 }

@@ -7,16 +7,21 @@
 //! - HW = the offset after the last applied (committed) entry, on every replica;
 //! - ISR = the leader plus the followers whose log reached the leader's end within
 //!   `replica.lag.time.max.ms`;
-//! - acks=all and acks=1 both answer once the entry is committed, i.e. fsynced on a
-//!   majority (acks=1 is stronger than Kafka's, see the README). There is no unclean election: Raft only elects a node holding every
-//!   committed entry.
+//! - acks=all answers once the entry is committed, i.e. fsynced on a majority; acks=1 once
+//!   the leader's own log holds it (see `partition::AppendStep`). There is no unclean
+//!   election: Raft only elects a node holding every committed entry.
 //!
 //! A leader takes produce requests only once it has applied every entry of earlier terms
 //! ("ready"); its idempotent-producer state then restarts from the applied state, so a batch
 //! the old leader appended but never answered is recognised as a duplicate when retried.
 //!
-//! An idle group is quiescent: no ticks (openraft's 500 ms heartbeats and election timer), its
-//! leader heartbeating only every 2 s to keep its write lease (`Replica::tend`).
+//! An idle group is quiescent: no ticks (openraft's 500 ms heartbeats and election timer) and
+//! no Raft heartbeats. Its leader's node names it, with all the other quiet groups it leads
+//! there, in one coalesced beat per peer per second (`Transport::beat`); a follower that stops
+//! hearing it ticks again and stands for election (`Replica::tend`). openraft takes writes
+//! only within a leader's quorum-acknowledged lease, which a quiet group lets run out: the
+//! first proposal after a quiet spell renews it with one heartbeat round first
+//! (`Replica::replicate`).
 //!
 //! Replicated partitions run on shard 0, beside the controller quorum, sharing its Raft
 //! transport (one connection per pair of nodes).
@@ -38,7 +43,8 @@ use ferrolog_raft::state_machine::PartitionStateMachine;
 use ferrolog_raft::store::{LogStore, StoreView};
 use ferrolog_raft::wire::GroupId;
 use ferrolog_raft::{openraft, GlommioRuntime};
-use openraft::error::{ClientWriteError, ForwardReason, RaftError};
+use openraft::error::{ClientWriteError, ForwardReason};
+use openraft::impls::ProgressResponder;
 use openraft::storage::{RaftLogReader, RaftLogStorage};
 use openraft::{AsyncRuntime, BasicNode, EntryPayload, Raft};
 use uuid::Uuid;
@@ -80,14 +86,29 @@ fn raft_config() -> Arc<openraft::Config> {
 /// same followers answering on the same connections) before it stops ticking.
 const QUIET_AFTER: Duration = Duration::from_secs(3);
 
-/// How often a quiet leader heartbeats its followers: well within its 3.5 s lease.
-const QUIET_BEAT: Duration = Duration::from_secs(2);
+/// How often a node sends each peer the coalesced beat of the quiet groups it leads there.
+pub const BEAT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A quiet follower ticks again once its group heard nothing from its leader this long.
 const LEADER_SILENT: Duration = Duration::from_secs(4);
 
+/// A proposal goes out at once while a quorum acknowledged the leader this recently; later,
+/// a heartbeat round renews the lease first (openraft's lease is `election_timeout_max`,
+/// 3.5 s, and the proposal must reach openraft well within it).
+const LEASE_FRESH: Duration = Duration::from_millis(2500);
+
+/// How long a proposal waits for the lease to be renewed before NOT_LEADER_OR_FOLLOWER.
+const LEASE_RENEW_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// A follower whose node answered no ping this long counts as gone for quiescence.
 const FOLLOWER_SILENT: Duration = Duration::from_secs(2);
+
+/// A quiet group this node leads: its term and followers, for the coalesced beat.
+pub struct QuietLead {
+    pub group: GroupId,
+    pub term: u64,
+    pub followers: Vec<u64>,
+}
 
 /// Where a replica sits: this node, the partition's replicas and their Raft addresses.
 pub struct Placement<'a> {
@@ -113,6 +134,9 @@ pub struct Replica {
     in_flight: Cell<u32>,
     /// A proposal of the ready term failed: rebuild the producer state before the next one.
     resync: Cell<bool>,
+    /// Proposals go to openraft one at a time, in the order their offsets were reserved
+    /// (a lease renewal may hold the first while the next arrive).
+    proposing: tokio::sync::Mutex<()>,
     /// Where the leader's next proposed batch lands in its log.
     next_offset: Cell<i64>,
     /// When each follower last had the leader's whole log (leader only).
@@ -129,8 +153,6 @@ pub struct Replica {
     quiet: Cell<bool>,
     /// What the leader last saw of its group, and since when it has been so.
     calm: Cell<Option<(u64, Instant)>>,
-    /// When this leader last heartbeat its followers (or ticked, which does).
-    last_beat: Cell<Instant>,
 }
 
 impl Replica {
@@ -214,6 +236,7 @@ impl Replica {
             ready_term: Cell::new(None),
             in_flight: Cell::new(0),
             resync: Cell::new(false),
+            proposing: tokio::sync::Mutex::new(()),
             next_offset: Cell::new(0),
             caught_up: RefCell::new(HashMap::new()),
             previous_end: Cell::new(None),
@@ -223,7 +246,6 @@ impl Replica {
             group,
             quiet: Cell::new(false),
             calm: Cell::new(None),
-            last_beat: Cell::new(Instant::now()),
         };
         Ok((log, replica))
     }
@@ -257,7 +279,8 @@ impl Replica {
     /// Leads and has applied every entry of earlier terms, so its HW covers everything
     /// committed: only then does it serve produce and fetch.
     pub fn is_leader(&self) -> bool {
-        let m = self.raft.metrics().borrow_watched().clone();
+        let m = self.raft.metrics();
+        let m = m.borrow_watched();
         m.current_leader == Some(self.node_id)
             && m.last_applied.map(|l| l.leader_id.term) == Some(m.current_term)
     }
@@ -303,17 +326,48 @@ impl Replica {
     }
 
     /// Replicates `batch` (its offsets `reserve`d) and returns the Kafka offsets it got once
-    /// it is committed. A batch refused because the leader's lease ran out was never appended,
-    /// yet this term's producer state has it: `ready` rebuilds that state before the next
-    /// produce, so a retry is not taken for a duplicate. (A batch that timed out is in the log
-    /// and may still commit: its retry must be taken for a duplicate, and is.)
+    /// it is committed.
+    ///
+    /// Proposals reach openraft one at a time in reservation order, after the lease check
+    /// (`renew_lease`). One that is refused (the lease could not be renewed, or openraft
+    /// refused it for lease expiry) was never appended, yet this term's producer state has
+    /// it: every later proposal of the term is refused too rather than land at other offsets
+    /// than reserved, and `ready` rebuilds the state once they settled, so a retry is not
+    /// taken for a duplicate. (A batch that timed out is in the log and may still commit: its
+    /// retry must be taken for a duplicate, and is.)
     pub async fn replicate(&self, batch: bytes::Bytes) -> Result<(i64, i64), BrokerError> {
         let term = self.ready_term.get();
-        let write = GlommioRuntime::timeout(COMMIT_TIMEOUT, self.raft.client_write(Batch(batch)));
-        let result = write.await;
+        let submitted = async {
+            let _turn = self.proposing.lock().await;
+            if self.ready_term.get() != term || self.resync.get() {
+                return Err(BrokerError::NotLeaderOrFollower);
+            }
+            if let Err(e) = self.renew_lease().await {
+                self.resync.set(true);
+                return Err(e);
+            }
+            let (responder, rx) = ProgressResponder::complete_only();
+            self.raft
+                .client_write_ff(Batch(batch), Some(responder))
+                .await
+                .map_err(|_| BrokerError::NotLeaderOrFollower)?;
+            Ok(rx)
+        }
+        .await;
+        let result = match submitted {
+            Ok(rx) => match GlommioRuntime::timeout(COMMIT_TIMEOUT, rx).await {
+                Ok(Ok(result)) => Ok(result),
+                // The group shut down with the proposal pending.
+                Ok(Err(_)) => Err(BrokerError::NotLeaderOrFollower),
+                Err(_) => Err(BrokerError::RequestTimedOut(format!(
+                    "batch not committed within {COMMIT_TIMEOUT:?}: too few replicas reachable"
+                ))),
+            },
+            Err(e) => Err(e),
+        };
         self.in_flight.set(self.in_flight.get() - 1);
-        match result {
-            Ok(Ok(response)) => {
+        match result? {
+            Ok(response) => {
                 let index = response.log_id.index;
                 match (self.view.base_offset(index), self.view.end_offset(index)) {
                     (Some(base), Some(end)) => Ok((base, end)),
@@ -321,17 +375,41 @@ impl Replica {
                     _ => unreachable!("committed entry {index} is not in the log"),
                 }
             }
-            Ok(Err(e)) => {
-                if let RaftError::APIError(ClientWriteError::ForwardToLeader(f)) = &e {
-                    if f.reason == ForwardReason::LeaseExpired && self.ready_term.get() == term {
-                        self.resync.set(true);
-                    }
+            Err(ClientWriteError::ForwardToLeader(f)) => {
+                if f.reason == ForwardReason::LeaseExpired && self.ready_term.get() == term {
+                    self.resync.set(true);
                 }
                 Err(BrokerError::NotLeaderOrFollower)
             }
-            Err(_) => Err(BrokerError::RequestTimedOut(format!(
-                "batch not committed within {COMMIT_TIMEOUT:?}: too few replicas reachable"
-            ))),
+            Err(_) => Err(BrokerError::NotLeaderOrFollower),
+        }
+    }
+
+    /// Makes sure a quorum acknowledged this leader within `LEASE_FRESH`, with one heartbeat
+    /// round when it did not (a group back from a quiet spell).
+    async fn renew_lease(&self) -> Result<(), BrokerError> {
+        let me = self.node_id;
+        let fresh = |m: &openraft::RaftMetrics<ferrolog_raft::PartitionRaft>| {
+            m.last_quorum_acked
+                .as_ref()
+                .is_some_and(|t| t.elapsed() < LEASE_FRESH)
+        };
+        if fresh(&self.raft.metrics().borrow_watched()) {
+            return Ok(());
+        }
+        self.wake();
+        let _ = self.raft.trigger().heartbeat().await;
+        let renewed = self
+            .raft
+            .wait(Some(LEASE_RENEW_TIMEOUT))
+            .metrics(
+                |m| fresh(m) || m.current_leader != Some(me),
+                "leader lease renewed",
+            )
+            .await;
+        match renewed {
+            Ok(m) if fresh(&m) => Ok(()),
+            _ => Err(BrokerError::NotLeaderOrFollower),
         }
     }
 
@@ -351,7 +429,8 @@ impl Replica {
     /// The in-sync replicas as the leader sees them: itself and the followers whose log
     /// reached its end within `replica.lag.time.max.ms`. Empty on a follower.
     pub fn in_sync_replicas(&self) -> Vec<i32> {
-        let m = self.raft.metrics().borrow_watched().clone();
+        let m = self.raft.metrics();
+        let m = m.borrow_watched();
         if m.current_leader != Some(self.node_id) {
             return Vec::new();
         }
@@ -397,35 +476,32 @@ impl Replica {
     /// Quiescence: turns the group's ticks (openraft's heartbeats and election timer) off
     /// while it is idle and stable, and back on when anything moves, so thousands of idle
     /// partitions cost little. Called every few hundred ms; `settling` after this node stalled
-    /// (what it heard is stale then), when only heartbeats go out. Returns whether a quiet
-    /// leader is due for the heartbeat that keeps its lease (`QUIET_BEAT`): the caller sends
-    /// all of them together.
+    /// (what it heard is stale then), when nothing changes. Returns the group when this node
+    /// leads it quietly: its node's coalesced beat must name it (`Transport::beat`).
     ///
     /// - A leader is quiet once, for `QUIET_AFTER`, nothing was appended, every answering
     ///   follower has its whole log and no follower's node went silent, came back or
     ///   reconnected; any such change makes it tick again.
-    /// - A follower is quiet while its group hears from its leader (the quiet leader's
-    ///   heartbeats, or appends). After `LEADER_SILENT` it ticks again; openraft then stands
-    ///   for election once the leader's lease (3.5 s) and an election timeout (2-3.5 s) have
-    ///   passed since the last heartbeat, as it would have without quiescence. That delay is
-    ///   also why a follower woken needlessly does not depose a live leader.
-    pub fn tend(&self, settling: bool) -> bool {
-        let (quiet, leading) = if settling {
+    /// - A follower is quiet while its group hears from its leader (appends, or its leader
+    ///   node's beats). After `LEADER_SILENT` it ticks again and, as nothing renewed its
+    ///   leader's lease in the meantime, soon stands for election.
+    pub fn tend(&self, settling: bool) -> Option<QuietLead> {
+        let m = self.raft.metrics();
+        let m = m.borrow_watched();
+        let leading = m.state == openraft::ServerState::Leader;
+        let quiet = if settling {
             self.calm.set(None);
-            (self.quiet.get(), self.quiet.get() && self.is_leader())
+            self.quiet.get()
         } else {
-            let m = self.raft.metrics();
-            let m = m.borrow_watched();
             match m.current_leader {
-                Some(leader) if leader != self.node_id => (
+                Some(leader) if leader != self.node_id => {
                     m.state == openraft::ServerState::Follower
                         && self
                             .transport
                             .heard(self.group)
-                            .is_some_and(|t| t.elapsed() < LEADER_SILENT),
-                    false,
-                ),
-                Some(_) if m.state == openraft::ServerState::Leader => {
+                            .is_some_and(|t| t.elapsed() < LEADER_SILENT)
+                }
+                Some(_) if leading => {
                     let mut signature = DefaultHasher::new();
                     (m.current_term, m.last_log_index).hash(&mut signature);
                     let mut caught_up = true;
@@ -439,7 +515,7 @@ impl Replica {
                     }
                     let signature = signature.finish();
                     let now = Instant::now();
-                    let quiet = match self.calm.get() {
+                    match self.calm.get() {
                         Some((seen, since)) if seen == signature && caught_up => {
                             now.duration_since(since) >= QUIET_AFTER
                         }
@@ -447,12 +523,33 @@ impl Replica {
                             self.calm.set(Some((signature, now)));
                             false
                         }
-                    };
-                    (quiet, true)
+                    }
                 }
-                _ => (false, false),
+                _ => false,
             }
         };
+        self.set_quiet(quiet);
+        (quiet && leading).then(|| QuietLead {
+            group: self.group,
+            term: m.current_term,
+            followers: m
+                .replication
+                .iter()
+                .flatten()
+                .map(|(id, _)| *id)
+                .filter(|id| *id != self.node_id)
+                .collect(),
+        })
+    }
+
+    /// Makes the group tick again at once (a proposal after a quiet spell, a follower that
+    /// does not recognise this leader); it goes quiet again after `QUIET_AFTER` of calm.
+    pub fn wake(&self) {
+        self.calm.set(None);
+        self.set_quiet(false);
+    }
+
+    fn set_quiet(&self, quiet: bool) {
         if quiet != self.quiet.get() {
             self.quiet.set(quiet);
             self.raft.runtime_config().tick(!quiet);
@@ -463,13 +560,10 @@ impl Replica {
                 !quiet
             );
         }
-        // A leader takes writes only while a majority acknowledged it within its lease
-        // (openraft: `election_timeout_max`); a quiet leader renews it with one heartbeat
-        // every `QUIET_BEAT`, which also keeps its followers from granting votes to others.
-        let due = quiet && leading && self.last_beat.get().elapsed() >= QUIET_BEAT;
-        if due || !quiet {
-            self.last_beat.set(Instant::now());
-        }
-        due
+    }
+
+    /// The group's id on the wire.
+    pub fn group(&self) -> GroupId {
+        self.group
     }
 }

@@ -10,9 +10,11 @@ clients, each checked for lost, duplicated and reordered records.
   when they come back;
 - restart the whole cluster: everything committed is there;
 - OffsetForLeaderEpoch answers per epoch after a leader change;
-- idle partitions (their groups quiescent: no ticks, lease-only heartbeats) take writes at
-  once, fail over when their leader's node is killed or its process hangs (SIGSTOP), and
-  take the node back when it returns.
+- idle partitions (their groups quiescent: no ticks, no Raft heartbeats, only their leader
+  node's coalesced beat) keep their leaders and epochs, take writes at once, fail over when
+  their leader's node is killed or its process hangs (SIGSTOP), and take the node back when
+  it returns;
+- acks=1 is answered from the leader's log, without the followers.
 
 ferrolog only, like test_cluster.py.
 """
@@ -170,6 +172,33 @@ def test_idle_partitions_fail_over(cluster):
     check({p: sent[p] + more[p] for p in range(partitions)}, got)
 
 
+def epochs(cluster, node_id, topic):
+    """{partition: (leader, leader_epoch)} of `topic`, from Metadata v8 at `node_id`."""
+    return {i: (p["leader"], p["leader_epoch"]) for i, p in partitions_v8(cluster, node_id, topic).items()}
+
+
+def test_quiet_partitions_keep_their_leaders(cluster):
+    """Quiet groups send no Raft heartbeats; their followers hear of their leader only
+    through its node's coalesced beat. Without it they would stand for election after 4 s
+    of silence and every partition would change epoch."""
+    topic = "quiet"
+    partitions = 6
+    replicated_topic(cluster, topic, partitions)
+    sent = produce(cluster.bootstrap(), topic, partitions, 60, "b")
+    before = epochs(cluster, 1, topic)
+    time.sleep(12)  # quiet after 3 s, then three times a follower's 4 s of patience
+    assert epochs(cluster, 1, topic) == before
+    p = Producer({"bootstrap.servers": cluster.bootstrap(), "acks": "all", "retries": 0, "enable.idempotence": False})
+    errors = []
+    for partition in range(partitions):
+        p.produce(topic, value=f"c-{partition}".encode(), partition=partition, on_delivery=lambda err, msg: errors.append(err))
+    assert p.flush(30) == 0
+    assert errors == [None] * partitions, [e for e in errors if e is not None][:3]
+    assert epochs(cluster, 2, topic) == before
+    got = {p: [v for _, v in read_partition(cluster.bootstrap(), topic, p)] for p in range(partitions)}
+    check({p: sent[p] + [f"c-{p}"] for p in range(partitions)}, got)
+
+
 def test_stopped_leader_of_idle_partitions_is_replaced(cluster):
     """A leader whose process hangs (SIGSTOP: its host still accepts TCP connections) stops
     heartbeating its quiet groups; their followers must notice and elect a new leader."""
@@ -249,14 +278,19 @@ def test_whole_cluster_restart_keeps_committed_records(cluster):
     check(sent, got)
 
 
-def partition_0(cluster, node_id, topic):
-    """Partition 0 of `topic` as Metadata v8 describes it (leader, leader_epoch, isr)."""
+def partitions_v8(cluster, node_id, topic):
+    """The partitions of `topic` as Metadata v8 at `node_id` describes them (leader,
+    leader_epoch, isr), by index."""
     conn = Connection(cluster.nodes[node_id].bootstrap)
     try:
         md = parse_metadata_v8(conn.request(METADATA, 8, metadata_v8([topic], False)))
     finally:
         conn.sock.close()
-    return md["topics"][topic]["partitions"][0]
+    return {p["index"]: p for p in md["topics"][topic]["partitions"]}
+
+
+def partition_0(cluster, node_id, topic):
+    return partitions_v8(cluster, node_id, topic)[0]
 
 
 def test_offset_for_leader_epoch_after_failover(cluster):
@@ -298,3 +332,44 @@ def test_acks_one_answers_from_the_leader_and_replicates(cluster):
     log = dict(read_partition(cluster.bootstrap(), topic, 0))
     assert all(log.get(offset) == value for _, offset, value in acked)
     check({0: [v for _, _, v in sorted(acked, key=lambda a: a[1])]}, {0: [log[o] for o in sorted(log)]})
+
+
+def test_acks_one_does_not_wait_for_followers(cluster):
+    """With both followers stopped (within the leader's 3.5 s lease, so it still takes the
+    batch), acks=1 is answered from the leader's log while acks=all is not; the record stays
+    past the HW, unread, until the followers return and it commits."""
+    topic = "acks-one-alone"
+    t = replicated_topic(cluster, topic, 1)
+    leader = t.partitions[0].leader
+    followers = [i for i in IDS if i != leader]
+    bootstrap = cluster.nodes[leader].bootstrap
+    one = Producer({"bootstrap.servers": bootstrap, "acks": "1", "enable.idempotence": False, "linger.ms": 0})
+    everyone = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": False,
+                         "linger.ms": 0, "message.timeout.ms": 4000, "retries": 0})  # fmt: skip
+    acked = []  # (offset, value) of each acknowledged record
+    on_ack = lambda err, msg: acked.append((msg.offset(), msg.value().decode()) if err is None else err)  # noqa: E731
+    one.produce(topic, value=b"first", partition=0, on_delivery=on_ack)
+    assert one.flush(10) == 0
+    # Just before the stop, so the leader's lease is fresh.
+    everyone.produce(topic, value=b"second", partition=0, on_delivery=on_ack)
+    assert everyone.flush(10) == 0
+    assert [v for _, v in acked] == ["first", "second"], acked
+    procs = [cluster.nodes[i].proc for i in followers]
+    for proc in procs:
+        proc.send_signal(signal.SIGSTOP)
+    try:
+        one.produce(topic, value=b"alone", partition=0, on_delivery=on_ack)
+        assert one.flush(3) == 0, "acks=1 waited for the stopped followers"
+        assert acked[-1][1] == "alone" and acked[-1][0] > acked[1][0], acked
+        refused = []
+        everyone.produce(topic, value=b"no-quorum", partition=0, on_delivery=lambda err, msg: refused.append(err))
+        everyone.flush(15)
+        assert refused and refused[0] is not None, "acks=all succeeded without its followers"
+        assert read_partition(bootstrap, topic, 0) == acked[:2], "a record past the HW was read"
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGCONT)
+    wait_until(lambda: all_led(cluster, topic, 1), "followers back in the ISR", timeout_s=30)
+    log = read_partition(cluster.bootstrap(), topic, 0)
+    # "no-quorum" timed out at the client but may have reached the leader's log, and commit.
+    assert [(o, v) for o, v in log if v != "no-quorum"] == acked, log

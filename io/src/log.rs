@@ -308,6 +308,12 @@ impl Log {
             } else if st.durable >= end_offset {
                 let _ = tx.send(Ok(()));
             } else {
+                // A waiter given up on (an acks=1 produce whose proposal failed) may wait for
+                // an offset that is not coming soon: drop those now and then (amortized O(1)).
+                let waiting = st.durable_waiters.len();
+                if waiting >= 64 && waiting.is_power_of_two() {
+                    st.durable_waiters.retain(|(_, w)| !w.is_canceled());
+                }
                 st.durable_waiters.push_back((end_offset, tx));
             }
             rx

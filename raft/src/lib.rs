@@ -21,12 +21,13 @@
 //! - openraft requires appended entries to be readable before they are fsynced; io/ reads
 //!   stop at the durable offset, so the store keeps not-yet-durable entries in memory.
 //!
-//! - openraft heartbeats and ticks each group separately (there is no shared heartbeat). The
-//!   broker quiesces idle groups instead (their ticks off, followers watching the leader's
-//!   node through the transport's node-level ping, see `ferrolog::replica`), but a leader
-//!   still needs one heartbeat round per group every few seconds: openraft refuses writes
-//!   once a leader's quorum-acknowledged lease (`election_timeout_max`) has run out, and the
-//!   lease cannot be fed from node-level liveness.
+//! - openraft heartbeats and ticks each group separately, and takes writes only within a
+//!   leader's quorum-acknowledged lease (`election_timeout_max`). The broker quiesces idle
+//!   groups instead (ticks off, no Raft heartbeats): a node names every quiet group it leads
+//!   on a peer in one coalesced [`wire::Message::Beat`] per interval, which the peer's
+//!   transport counts as hearing from each group's leader (see `ferrolog::replica`). A quiet
+//!   leader's lease runs out, so its first proposal after a quiet spell waits for one
+//!   heartbeat round to renew it; the lease cannot be fed from the coalesced beat.
 //!
 //! Not built yet: a snapshot that tells a lagging follower which Kafka offset to resume at
 //! (snapshots carry no data, and logs are never purged, so none is needed until retention

@@ -15,7 +15,9 @@
 //! A connection that fails fails every RPC waiting on it; the next RPC reconnects. A
 //! keepalive ping per peer tells which nodes answer (`is_alive`, the ISR's view of idle
 //! partitions) and counts reconnections (`liveness`); `heard` tells when each group last
-//! took an append from its leader (quiescent followers watch it).
+//! took an append from its leader, or was named in its leader node's coalesced heartbeat
+//! (`beat`: one message per peer per interval for all the quiet groups a node leads there),
+//! which is what quiescent followers watch.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -26,6 +28,7 @@ use bytes::{Bytes, BytesMut};
 use futures::future::LocalBoxFuture;
 use futures::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::{TcpListener, TcpStream};
+use openraft::async_runtime::watch::WatchReceiver;
 use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
 use openraft::raft::{
@@ -95,7 +98,8 @@ pub type ForwardHandler = Rc<dyn Fn(Bytes) -> LocalBoxFuture<'static, Result<Byt
 pub struct Transport {
     peers: RefCell<HashMap<u64, Rc<Peer>>>,
     groups: RefCell<HashMap<GroupId, GroupRaft>>,
-    /// When each group last took an append (entries or a heartbeat) from its leader.
+    /// When each group last took an append (entries or a heartbeat) from its leader, or was
+    /// in its leader node's coalesced heartbeat.
     heard: RefCell<HashMap<GroupId, std::time::Instant>>,
     forward: RefCell<Option<ForwardHandler>>,
     tasks: Rc<TaskSet>,
@@ -188,6 +192,30 @@ impl Transport {
         }
     }
 
+    /// Sends node `node_id` (a peer already known) the coalesced heartbeat of the quiet
+    /// groups this node, `leader`, leads there; returns the groups it does not follow this
+    /// node in.
+    pub async fn beat(
+        &self,
+        node_id: u64,
+        leader: u64,
+        groups: Vec<(GroupId, u64)>,
+        ttl: Duration,
+    ) -> Result<Vec<GroupId>, String> {
+        let peer = self.peers.borrow().get(&node_id).cloned();
+        let Some(peer) = peer else {
+            return Err(format!("node {node_id} is not a known peer"));
+        };
+        match peer
+            .call(GroupId(0), Message::Beat { leader, groups }, ttl)
+            .await
+        {
+            Ok(Message::BeatReply(stale)) => Ok(stale),
+            Ok(other) => Err(format!("unexpected reply {other:?}")),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
     /// Whether `node_id` answered anything within `within` (a peer gets the benefit of the
     /// doubt for `within` after it is first contacted; a connection alone is no answer).
     pub fn is_alive(&self, node_id: u64, within: Duration) -> bool {
@@ -197,7 +225,7 @@ impl Transport {
             .is_none_or(|p| p.last_reply.get().elapsed() < within)
     }
 
-    /// When `group` last took an append (entries or a heartbeat) from its leader here.
+    /// When `group` last heard from its leader here (an append, or its node's `beat`).
     pub fn heard(&self, group: GroupId) -> Option<std::time::Instant> {
         self.heard.borrow().get(&group).copied()
     }
@@ -280,9 +308,38 @@ impl Transport {
         result
     }
 
+    /// Takes a coalesced heartbeat from node `leader`: each group this node follows it in,
+    /// at the term given, counts as heard from its leader; the others are returned.
+    fn take_beat(&self, leader: u64, groups: &[(GroupId, u64)]) -> Vec<GroupId> {
+        let now = std::time::Instant::now();
+        let rafts = self.groups.borrow();
+        let mut heard = self.heard.borrow_mut();
+        groups
+            .iter()
+            .filter_map(|&(group, term)| {
+                let follows = rafts.get(&group).is_some_and(|raft| {
+                    let m = raft.metrics();
+                    let m = m.borrow_watched();
+                    m.state == openraft::ServerState::Follower
+                        && m.current_leader == Some(leader)
+                        && m.current_term == term
+                });
+                if follows {
+                    heard.insert(group, now);
+                    None
+                } else {
+                    Some(group)
+                }
+            })
+            .collect()
+    }
+
     async fn handle(&self, group: GroupId, message: Message) -> Message {
         if let Message::Ping = message {
             return Message::Pong;
+        }
+        if let Message::Beat { leader, groups } = message {
+            return Message::BeatReply(self.take_beat(leader, &groups));
         }
         if let Message::Forward(payload) = message {
             let handler = self.forward.borrow().clone();

@@ -6,6 +6,7 @@
 //! entry   := index:u64 length:u32 batch     (the entry as stored, term in its leader epoch)
 //! log_id  := present:u8 [term:u64 index:u64]
 //! vote    := term:u64 voted_for:u64 committed:u8
+//! beat    := leader:u64 count:u32 (group:u64 term:u64)*   (reply: count:u32 group:u64*)
 //! ```
 //!
 //! Entries travel in their on-disk form (record batches), so a follower stores exactly the
@@ -61,6 +62,16 @@ pub enum Message {
     /// Node liveness: one per peer per interval, whatever the number of groups.
     Ping,
     Pong,
+    /// The coalesced heartbeat of node `leader`'s quiet groups that the receiver follows:
+    /// one per peer per interval, each group with the term it leads in (the group id of the
+    /// frame is unused).
+    Beat {
+        leader: u64,
+        groups: Vec<(GroupId, u64)>,
+    },
+    /// The groups of a `Beat` the receiver does not follow that leader in, at that term: the
+    /// leader wakes them, so their Raft heartbeats settle who leads.
+    BeatReply(Vec<GroupId>),
 }
 
 /// A message with its routing: the group it is for and the request it answers.
@@ -102,6 +113,8 @@ const FORWARD: u8 = 8;
 const FORWARD_REPLY: u8 = 9;
 const PING: u8 = 10;
 const PONG: u8 = 11;
+const BEAT: u8 = 12;
+const BEAT_REPLY: u8 = 13;
 
 /// Appends `frame`, length prefix included, to `out`; a frame over [`FRAME_BYTES_MAX`] is
 /// not appended.
@@ -120,6 +133,8 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) -> Result<(), WireError> {
         Message::ForwardReply(_) => FORWARD_REPLY,
         Message::Ping => PING,
         Message::Pong => PONG,
+        Message::Beat { .. } => BEAT,
+        Message::BeatReply(_) => BEAT_REPLY,
     };
     out.put_u8(kind);
     out.put_u64(frame.correlation);
@@ -177,6 +192,20 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) -> Result<(), WireError> {
             put_bytes(out, why.as_bytes());
         }
         Message::Ping | Message::Pong => {}
+        Message::Beat { leader, groups } => {
+            out.put_u64(*leader);
+            out.put_u32(u32::try_from(groups.len()).expect("group count fits u32"));
+            for (group, term) in groups {
+                out.put_u64(group.0);
+                out.put_u64(*term);
+            }
+        }
+        Message::BeatReply(groups) => {
+            out.put_u32(u32::try_from(groups.len()).expect("group count fits u32"));
+            for group in groups {
+                out.put_u64(group.0);
+            }
+        }
     }
     let length = out.len() - start - 4;
     if length > FRAME_BYTES_MAX {
@@ -299,6 +328,22 @@ pub fn decode(mut b: Bytes) -> Result<Frame, WireError> {
         }
         PING => Message::Ping,
         PONG => Message::Pong,
+        BEAT => {
+            need(&b, 8 + 4)?;
+            let leader = b.get_u64();
+            let count = b.get_u32() as usize;
+            need(&b, count.saturating_mul(16))?;
+            let groups = (0..count)
+                .map(|_| (GroupId(b.get_u64()), b.get_u64()))
+                .collect();
+            Message::Beat { leader, groups }
+        }
+        BEAT_REPLY => {
+            need(&b, 4)?;
+            let count = b.get_u32() as usize;
+            need(&b, count.saturating_mul(8))?;
+            Message::BeatReply((0..count).map(|_| GroupId(b.get_u64())).collect())
+        }
         tag => return Err(WireError::UnknownTag { what: "frame", tag }),
     };
     if !b.is_empty() {
@@ -529,6 +574,21 @@ mod tests {
         }
         assert!(matches!(round_trip(Message::Ping).message, Message::Ping));
         assert!(matches!(round_trip(Message::Pong).message, Message::Pong));
+        let beat = vec![(GroupId(3), 7), (GroupId(u64::MAX), 1)];
+        let Message::Beat { leader, groups } = round_trip(Message::Beat {
+            leader: 2,
+            groups: beat.clone(),
+        })
+        .message
+        else {
+            panic!("not a beat")
+        };
+        assert_eq!((leader, groups), (2, beat));
+        let Message::BeatReply(groups) = round_trip(Message::BeatReply(vec![GroupId(5)])).message
+        else {
+            panic!("not a beat reply")
+        };
+        assert_eq!(groups, vec![GroupId(5)]);
     }
 
     #[test]
@@ -559,6 +619,14 @@ mod tests {
         let n = flipped.len();
         flipped[n - 5] ^= 0x40; // inside the entry's batch: the CRC catches it
         assert!(decode(flipped.freeze()).is_err());
+        // A group count beyond the bytes at hand is an error, not an allocation.
+        let mut huge = BytesMut::new();
+        huge.put_u8(BEAT);
+        huge.put_u64(1);
+        huge.put_u64(0);
+        huge.put_u64(2);
+        huge.put_u32(u32::MAX);
+        assert_eq!(decode(huge.freeze()).err(), Some(WireError::Short));
         assert_eq!(
             frame_len(&[0xff, 0xff, 0xff, 0xff]),
             Err(WireError::TooLarge(u32::MAX as usize))

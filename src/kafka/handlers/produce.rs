@@ -87,8 +87,8 @@ pub async fn start(
                         async move {
                             // acks=all waits for the HW (unreplicated: fsync; replicated:
                             // commit on a majority), also for a retried duplicate, which may
-                            // not be there yet either. Replicated partitions answer every
-                            // acks at commit.
+                            // not be there yet either; acks=1 on a replicated partition for
+                            // the leader's own log (`AppendStep::finish`).
                             let backlog = partition.log.pending_bytes() > PENDING_BYTES_MAX;
                             let appended = appended?
                                 .finish(&partition.log, acks == -1 || backlog)

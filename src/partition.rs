@@ -47,10 +47,12 @@ pub enum AppendStep {
     /// Appended to the local log (unreplicated): wait for durability as acks asks.
     Local(Appended),
     /// Proposed to the Raft group (replicated): `commit` resolves once it is committed (the
-    /// proposal is under way whether or not anyone waits). `reserved`: where the leader put it
-    /// (a duplicate: where it already is).
+    /// proposal is under way whether or not anyone waits). `reserved`: where the leader
+    /// predicted it lands (a duplicate: where it already is); `crc`: the batch's CRC, which
+    /// tells it from another batch at those offsets.
     Replicated {
         reserved: Appended,
+        crc: u32,
         commit: LocalBoxFuture<'static, Result<Appended, BrokerError>>,
     },
 }
@@ -58,8 +60,9 @@ pub enum AppendStep {
 impl AppendStep {
     /// Waits until the batch counts as written, `durable` for acks=all. Unreplicated: fsynced
     /// when `durable`, else at once. Replicated: committed on a majority when `durable`, else
-    /// (acks=1) once the leader's own log holds it, fsynced, unless the proposal failed
-    /// first; a leader lost before the followers have it may lose it, as in Kafka.
+    /// (acks=1) once the leader's own log holds it where predicted, fsynced, unless the
+    /// proposal failed first; a leader deposed before a majority has it may lose it, as in
+    /// Kafka.
     pub async fn finish(self, log: &Log, durable: bool) -> Result<Appended, BrokerError> {
         match self {
             AppendStep::Local(appended) if durable => {
@@ -70,13 +73,34 @@ impl AppendStep {
             }
             AppendStep::Local(appended) => Ok(appended),
             AppendStep::Replicated { commit, .. } if durable => commit.await,
-            AppendStep::Replicated { reserved, commit } => {
-                // The commit's outcome first: a refused proposal's offsets may be filled by
-                // later batches, whose durability says nothing of it.
+            AppendStep::Replicated {
+                reserved,
+                crc,
+                commit,
+            } => {
                 let written = std::pin::pin!(log.wait_durable(reserved.end_offset));
                 match futures::future::select(commit, written).await {
                     futures::future::Either::Left((committed, _)) => committed,
-                    futures::future::Either::Right((Ok(()), _)) => Ok(reserved),
+                    futures::future::Either::Right((Ok(()), commit)) => {
+                        // Durable up to the predicted end; but a refused earlier proposal
+                        // shifts later ones, so the batch there must be this one.
+                        let there = log
+                            .read(reserved.base_offset, 1, reserved.end_offset, true)
+                            .await
+                            .ok()
+                            .and_then(|b| BatchHeader::parse(&b).ok());
+                        match there {
+                            Some(h)
+                                if h.base_offset == reserved.base_offset
+                                    && h.crc == crc
+                                    && h.base_offset + i64::from(h.record_count)
+                                        == reserved.end_offset =>
+                            {
+                                Ok(reserved)
+                            }
+                            _ => commit.await,
+                        }
+                    }
                     // Truncated: this node lost the lead and its unreplicated tail.
                     futures::future::Either::Right((Err(LogError::Truncated), _)) => {
                         Err(BrokerError::NotLeaderOrFollower)
@@ -373,6 +397,7 @@ impl Partition {
                 let me = self.clone();
                 return Ok(AppendStep::Replicated {
                     reserved: appended,
+                    crc: header.crc,
                     commit: async move {
                         let replica = me.replica.as_ref().expect("replicated");
                         replica.wait_committed(appended.end_offset).await?;
@@ -399,9 +424,13 @@ impl Partition {
         if let Some(replica) = &self.replica {
             // A ready leader is the only writer of its log in its term, so it knows where
             // the batch will land; its producer state records it at once, so pipelined
-            // batches of one producer pass the sequence check. The answer carries the offset
-            // the commit reports.
-            let base_offset = replica.reserve(i64::from(header.record_count));
+            // batches of one producer pass the sequence check. acks=all answers with the
+            // offsets the commit reports, acks=1 with these once it finds the batch there.
+            let reservation = replica.reserve(i64::from(header.record_count));
+            let base_offset = reservation.base_offset;
+            let crc = BatchHeader::parse(&bytes)
+                .expect("a verified batch, restamped")
+                .crc;
             let appended = Appended {
                 base_offset,
                 end_offset: base_offset + i64::from(header.record_count),
@@ -418,10 +447,10 @@ impl Partition {
             let bytes = bytes.freeze();
             glommio::spawn_local(async move {
                 let replica = me.replica.as_ref().expect("replicated");
-                let committed = replica.replicate(bytes).await.map(|(base, end)| {
+                let committed = replica.replicate(bytes, reservation).await.map(|(base, end)| {
                     if base != appended.base_offset {
-                        // Only a proposal that outlived its term can land elsewhere (openraft
-                        // took it in a later term of this same leader); the log's word wins.
+                        // An earlier proposal was refused after this one went out (see
+                        // `Replica::replicate`); the log's word wins.
                         tracing::warn!(topic = %me.topic, partition = me.index, predicted = appended.base_offset,
                             actual = base, "replicated batch landed at another offset than predicted");
                     }
@@ -436,6 +465,7 @@ impl Partition {
             .detach();
             return Ok(AppendStep::Replicated {
                 reserved: appended,
+                crc,
                 commit: async move { rx.await.unwrap_or(Err(BrokerError::NotLeaderOrFollower)) }
                     .boxed_local(),
             });

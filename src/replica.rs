@@ -43,7 +43,6 @@ use ferrolog_raft::state_machine::PartitionStateMachine;
 use ferrolog_raft::store::{LogStore, StoreView};
 use ferrolog_raft::wire::GroupId;
 use ferrolog_raft::{openraft, GlommioRuntime};
-use openraft::error::{ClientWriteError, ForwardReason};
 use openraft::impls::ProgressResponder;
 use openraft::storage::{RaftLogReader, RaftLogStorage};
 use openraft::{AsyncRuntime, BasicNode, EntryPayload, Raft};
@@ -95,13 +94,20 @@ const LEADER_SILENT: Duration = Duration::from_secs(4);
 /// A proposal goes out at once while a quorum acknowledged the leader this recently; later,
 /// a heartbeat round renews the lease first (openraft's lease is `election_timeout_max`,
 /// 3.5 s, and the proposal must reach openraft well within it).
-const LEASE_FRESH: Duration = Duration::from_millis(2500);
+const LEASE_FRESH: Duration = Duration::from_millis(1500);
 
 /// How long a proposal waits for the lease to be renewed before NOT_LEADER_OR_FOLLOWER.
 const LEASE_RENEW_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A follower whose node answered no ping this long counts as gone for quiescence.
 const FOLLOWER_SILENT: Duration = Duration::from_secs(2);
+
+/// Where a ready leader's proposal is to land, and the term it was reserved in.
+#[derive(Debug, Clone, Copy)]
+pub struct Reservation {
+    pub base_offset: i64,
+    term: Option<u64>,
+}
 
 /// A quiet group this node leads: its term and followers, for the coalesced beat.
 pub struct QuietLead {
@@ -316,41 +322,60 @@ impl Replica {
         Ok(())
     }
 
-    /// The offset the next proposed batch of `records` records gets, on a ready leader; the
+    /// Where the next proposed batch of `records` records lands, on a ready leader; the
     /// batch counts as in flight until `replicate` settles it.
-    pub fn reserve(&self, records: i64) -> i64 {
+    pub fn reserve(&self, records: i64) -> Reservation {
         self.in_flight.set(self.in_flight.get() + 1);
-        let base = self.next_offset.get();
-        self.next_offset.set(base + records);
-        base
+        let base_offset = self.next_offset.get();
+        self.next_offset.set(base_offset + records);
+        Reservation {
+            base_offset,
+            term: self.ready_term.get(),
+        }
     }
 
     /// Replicates `batch` (its offsets `reserve`d) and returns the Kafka offsets it got once
     /// it is committed.
     ///
     /// Proposals reach openraft one at a time in reservation order, after the lease check
-    /// (`renew_lease`). One that is refused (the lease could not be renewed, or openraft
-    /// refused it for lease expiry) was never appended, yet this term's producer state has
-    /// it: every later proposal of the term is refused too rather than land at other offsets
-    /// than reserved, and `ready` rebuilds the state once they settled, so a retry is not
-    /// taken for a duplicate. (A batch that timed out is in the log and may still commit: its
-    /// retry must be taken for a duplicate, and is.)
-    pub async fn replicate(&self, batch: bytes::Bytes) -> Result<(i64, i64), BrokerError> {
-        let term = self.ready_term.get();
+    /// (`renew_lease`). One that is refused (the lease could not be renewed, the term moved
+    /// on, openraft refused it) was never appended, yet this term's producer state has it:
+    /// every later proposal of the term is refused too rather than land at other offsets than
+    /// reserved, and `ready` rebuilds the state once they settled, so a retry is not taken
+    /// for a duplicate. A proposal openraft refuses after the next one was submitted (its
+    /// lease ran out in between, which `LEASE_FRESH` leaves two seconds for) still shifts
+    /// that one: the commit reports where it landed, and `ready` rebuilds the state too. (A
+    /// batch that timed out is in the log and may still commit: its retry must be taken for
+    /// a duplicate, and is.)
+    pub async fn replicate(
+        &self,
+        batch: bytes::Bytes,
+        reservation: Reservation,
+    ) -> Result<(i64, i64), BrokerError> {
+        let term = reservation.term;
+        let this_term = || self.ready_term.get() == term;
+        let refuse = || {
+            if this_term() {
+                self.resync.set(true);
+            }
+            BrokerError::NotLeaderOrFollower
+        };
         let submitted = async {
             let _turn = self.proposing.lock().await;
-            if self.ready_term.get() != term || self.resync.get() {
-                return Err(BrokerError::NotLeaderOrFollower);
+            if !this_term() || self.resync.get() {
+                return Err(refuse());
             }
-            if let Err(e) = self.renew_lease().await {
-                self.resync.set(true);
-                return Err(e);
+            self.renew_lease().await.map_err(|_| refuse())?;
+            // The renewal may have waited: check again that the term stands.
+            let current = self.raft.metrics().borrow_watched().current_term;
+            if !this_term() || self.resync.get() || term != Some(current) {
+                return Err(refuse());
             }
             let (responder, rx) = ProgressResponder::complete_only();
             self.raft
                 .client_write_ff(Batch(batch), Some(responder))
                 .await
-                .map_err(|_| BrokerError::NotLeaderOrFollower)?;
+                .map_err(|_| refuse())?;
             Ok(rx)
         }
         .await;
@@ -370,18 +395,17 @@ impl Replica {
             Ok(response) => {
                 let index = response.log_id.index;
                 match (self.view.base_offset(index), self.view.end_offset(index)) {
-                    (Some(base), Some(end)) => Ok((base, end)),
+                    (Some(base), Some(end)) => {
+                        if base != reservation.base_offset {
+                            refuse();
+                        }
+                        Ok((base, end))
+                    }
                     // Truncated after commit: impossible in Raft, so a bug.
                     _ => unreachable!("committed entry {index} is not in the log"),
                 }
             }
-            Err(ClientWriteError::ForwardToLeader(f)) => {
-                if f.reason == ForwardReason::LeaseExpired && self.ready_term.get() == term {
-                    self.resync.set(true);
-                }
-                Err(BrokerError::NotLeaderOrFollower)
-            }
-            Err(_) => Err(BrokerError::NotLeaderOrFollower),
+            Err(_) => Err(refuse()),
         }
     }
 

@@ -21,6 +21,8 @@ pub const SESSION_PARTITIONS_MAX: usize = 50_000;
 pub struct SessionPartition {
     pub fetch_offset: i64,
     pub partition_max_bytes: i32,
+    /// The leader epoch the client knows (KIP-320), -1 when it does not say.
+    pub current_leader_epoch: i32,
     /// What the client last heard: (HW, log start); None before the first response.
     pub last_sent: Option<(i64, i64)>,
 }

@@ -209,16 +209,7 @@ impl Partition {
         current_leader_epoch: i32,
         requested: i32,
     ) -> Result<(i32, i64), BrokerError> {
-        if !self.is_leader() {
-            return Err(BrokerError::NotLeaderOrFollower);
-        }
-        let epoch = self.leader_epoch();
-        if current_leader_epoch > epoch {
-            return Err(BrokerError::UnknownLeaderEpoch);
-        }
-        if current_leader_epoch >= 0 && current_leader_epoch < epoch {
-            return Err(BrokerError::FencedLeaderEpoch);
-        }
+        let epoch = self.check_leader(current_leader_epoch)?;
         if requested == epoch {
             return Ok((epoch, self.log.end_offset()));
         }
@@ -228,6 +219,25 @@ impl Partition {
             }
             _ => Ok((-1, -1)),
         }
+    }
+
+    /// Checks, as Kafka does for Fetch, ListOffsets and OffsetForLeaderEpoch, the leader
+    /// epoch a client says it knows (-1: it does not say) against this replica's, then that
+    /// this replica leads; returns the epoch. An older epoch is FENCED_LEADER_EPOCH (the
+    /// client must refresh its metadata), a newer one UNKNOWN_LEADER_EPOCH (this replica has
+    /// not caught up with the election yet).
+    pub fn check_leader(&self, current_leader_epoch: i32) -> Result<i32, BrokerError> {
+        let epoch = self.leader_epoch();
+        if current_leader_epoch > epoch {
+            return Err(BrokerError::UnknownLeaderEpoch);
+        }
+        if current_leader_epoch >= 0 && current_leader_epoch < epoch {
+            return Err(BrokerError::FencedLeaderEpoch);
+        }
+        if !self.is_leader() {
+            return Err(BrokerError::NotLeaderOrFollower);
+        }
+        Ok(epoch)
     }
 
     /// Whether this replica serves produce and consumer fetches.

@@ -418,9 +418,15 @@ impl Replica {
                 .as_ref()
                 .is_some_and(|t| t.elapsed() < LEASE_FRESH)
         };
-        if fresh(&self.raft.metrics().borrow_watched()) {
-            return Ok(());
-        }
+        let age = {
+            let m = self.raft.metrics();
+            let m = m.borrow_watched();
+            if fresh(&m) {
+                return Ok(());
+            }
+            m.last_quorum_acked.as_ref().map(|t| t.elapsed())
+        };
+        tracing::debug!(group = self.group.0, ?age, "renewing the leader's lease");
         self.wake();
         let _ = self.raft.trigger().heartbeat().await;
         let renewed = self

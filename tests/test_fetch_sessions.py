@@ -7,6 +7,8 @@ The Java consumer fetches through sessions; what it relies on:
   * a wrong epoch gets INVALID_FETCH_SESSION_EPOCH and an unknown id
     FETCH_SESSION_ID_NOT_FOUND (top-level errors), so the client falls back to a full fetch;
   * epoch -1 closes the session.
+
+Also KIP-320's check of the leader epoch a fetcher says it knows.
 """
 
 import kafka_wire as wire
@@ -18,13 +20,14 @@ FETCH = 1
 VERSION = 11
 FETCH_SESSION_ID_NOT_FOUND = 70
 INVALID_FETCH_SESSION_EPOCH = 71
+UNKNOWN_LEADER_EPOCH = 75
 
 
-def fetch_v11(session_id, epoch, partitions, forgotten=(), max_wait_ms=100):
-    """partitions: {partition: fetch_offset} of TOPIC."""
-    parts = [i32(p) + i32(-1) + i64(off) + i64(-1) + i32(1 << 20) for p, off in partitions.items()]
-    topics = [string(TOPIC) + array(parts)] if partitions else []
-    forgot = [string(TOPIC) + array([i32(p) for p in forgotten])] if forgotten else []
+def fetch_v11(session_id, epoch, partitions, forgotten=(), max_wait_ms=100, topic=TOPIC, current_leader_epoch=-1):
+    """partitions: {partition: fetch_offset} of `topic`."""
+    parts = [i32(p) + i32(current_leader_epoch) + i64(off) + i64(-1) + i32(1 << 20) for p, off in partitions.items()]
+    topics = [string(topic) + array(parts)] if partitions else []
+    forgot = [string(topic) + array([i32(p) for p in forgotten])] if forgotten else []
     return (
         i32(-1) + i32(max_wait_ms) + i32(1) + i32(50 << 20) + i8(0) + i32(session_id) + i32(epoch)
         + array(topics) + array(forgot) + string("")
@@ -91,3 +94,17 @@ def test_fetch_session_lifecycle(broker):
         assert (closing["error_code"], closing["session_id"]) == (wire.NONE, 0)
         assert set(closing["partitions"]) == {(TOPIC, 0)}
         assert fetch(conn, session, 4, {})["error_code"] == FETCH_SESSION_ID_NOT_FOUND
+
+
+def test_fetch_checks_the_current_leader_epoch(broker):
+    """A fetch naming a leader epoch newer than the partition's is UNKNOWN_LEADER_EPOCH; the
+    current one, or none (-1), reads. (A single replica's epoch is 0 on both brokers.)"""
+    topic = "epoch-fetch"
+    create_topic(broker, topic, partitions=1)
+    assert produce_one(broker, wire.record_batch([b"a"]), topic, 0)["error_code"] == wire.NONE
+    with wire.Connection(broker.bootstrap) as conn:
+        for epoch, error in ((5, UNKNOWN_LEADER_EPOCH), (0, wire.NONE), (-1, wire.NONE)):
+            r = fetch(conn, 0, -1, {0: 0}, topic=topic, current_leader_epoch=epoch)
+            part = r["partitions"][(topic, 0)]
+            assert part["error_code"] == error, (epoch, part)
+            assert bool(part["records"]) == (error == wire.NONE), (epoch, part)

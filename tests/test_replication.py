@@ -31,6 +31,7 @@ from cluster import Cluster, check, create, metadata, produce, registered
 from conftest import TARGET
 from kafka_wire import METADATA, Connection, metadata_v8, offset_for_leader_epoch, parse_metadata_v8
 from support import CACHE, need, wait_until
+from test_fetch_sessions import FETCH, fetch_v11, parse_fetch_v11
 
 pytestmark = pytest.mark.skipif(TARGET != "ferrolog", reason="needs three ferrolog nodes (see test_cluster.py)")
 
@@ -316,6 +317,11 @@ def test_offset_for_leader_epoch_after_failover(cluster):
     assert cur["leader_epoch"] == new["leader_epoch"] and cur["end_offset"] > old["end_offset"], (old, cur)
     stale = offset_for_leader_epoch(port, topic, 0, first["leader_epoch"], first["leader_epoch"])
     assert stale["error_code"] == 74, stale  # FENCED_LEADER_EPOCH: the caller's epoch is old
+    # Fetch checks the epoch the consumer knows the same way (KIP-320).
+    with Connection(cluster.nodes[new["leader"]].bootstrap) as conn:
+        for epoch, error in ((first["leader_epoch"], 74), (new["leader_epoch"], 0), (new["leader_epoch"] + 1, 75)):
+            body = conn.request(FETCH, 11, fetch_v11(0, -1, {0: 0}, topic=topic, current_leader_epoch=epoch))
+            assert parse_fetch_v11(body)["partitions"][(topic, 0)]["error_code"] == error, epoch
 
 
 def test_acks_one_answers_from_the_leader_and_replicates(cluster):

@@ -62,6 +62,7 @@ pub async fn handle(ctx: Rc<RequestContext>, req: FetchRequest) -> FetchResponse
                         SessionPartition {
                             fetch_offset: p.fetch_offset,
                             partition_max_bytes: p.partition_max_bytes,
+                            current_leader_epoch: p.current_leader_epoch,
                             last_sent: None,
                         },
                     );
@@ -113,6 +114,7 @@ pub async fn handle(ctx: Rc<RequestContext>, req: FetchRequest) -> FetchResponse
                         .or_insert_with(|| sp.clone());
                     entry.fetch_offset = sp.fetch_offset;
                     entry.partition_max_bytes = sp.partition_max_bytes;
+                    entry.current_leader_epoch = sp.current_leader_epoch;
                 }
                 for f in &req.forgotten_topics_data {
                     if let Some(name) = resolve(&f.topic, &f.topic_id) {
@@ -140,14 +142,13 @@ pub async fn handle(ctx: Rc<RequestContext>, req: FetchRequest) -> FetchResponse
     let min_bytes = req.min_bytes.max(0) as usize;
     let deadline = Instant::now()
         + Duration::from_millis((req.max_wait_ms.max(0) as u64).min(MAX_WAIT_MS_MAX));
-    let targets: Vec<(TopicPartition, i64, usize)> = fetch_set
+    let targets: Vec<Target> = fetch_set
         .iter()
-        .map(|(tp, sp)| {
-            (
-                tp.clone(),
-                sp.fetch_offset,
-                sp.partition_max_bytes.max(0) as usize,
-            )
+        .map(|(tp, sp)| Target {
+            tp: tp.clone(),
+            offset: sp.fetch_offset,
+            limit: sp.partition_max_bytes.max(0) as usize,
+            leader_epoch: sp.current_leader_epoch,
         })
         .collect();
     let mut reads = read_all(&ctx, &image, &targets, max_bytes).await;
@@ -164,7 +165,7 @@ pub async fn handle(ctx: Rc<RequestContext>, req: FetchRequest) -> FetchResponse
         let seen: Vec<(TopicPartition, i64)> = targets
             .iter()
             .zip(&reads)
-            .map(|((tp, offset, _), r)| (tp.clone(), r.high_watermark.max(*offset)))
+            .map(|(t, r)| (t.tp.clone(), r.high_watermark.max(t.offset)))
             .collect();
         if !wait_for_data(&ctx, &image, seen, deadline - now).await {
             break;
@@ -182,7 +183,7 @@ pub async fn handle(ctx: Rc<RequestContext>, req: FetchRequest) -> FetchResponse
         } else {
             None
         };
-        for ((tp, _, _), read) in targets.iter().zip(reads) {
+        for (Target { tp, .. }, read) in targets.iter().zip(reads) {
             let now_state = (read.high_watermark, read.log_start_offset);
             let mut include = !incremental || read.error.is_some() || !read.records.is_empty();
             if let Some(s) = session.as_deref_mut() {
@@ -269,21 +270,28 @@ fn partition_data(partition: i32, read: Read, isolation_level: i8) -> PartitionD
         .with_records(Some(read.records))
 }
 
+/// One partition a fetch reads: from `offset`, at most `limit` bytes, if the client's
+/// `leader_epoch` (-1: unsaid) is current.
+#[derive(Clone)]
+struct Target {
+    tp: TopicPartition,
+    offset: i64,
+    limit: usize,
+    leader_epoch: i32,
+}
+
 /// Reads every target, visiting shards one after another so the `max_bytes` budget is shared.
 async fn read_all(
     ctx: &Rc<RequestContext>,
     image: &MetadataImage,
-    targets: &[(TopicPartition, i64, usize)],
+    targets: &[Target],
     max_bytes: usize,
 ) -> Vec<Read> {
     let mut results: Vec<Option<Read>> = vec![None; targets.len()];
-    let mut by_shard: BTreeMap<ShardId, Vec<(usize, TopicPartition, i64, usize)>> = BTreeMap::new();
-    for (i, (tp, offset, limit)) in targets.iter().enumerate() {
-        match ctx.shard.owner_of(image, tp) {
-            Ok(owner) => by_shard
-                .entry(owner)
-                .or_default()
-                .push((i, tp.clone(), *offset, *limit)),
+    let mut by_shard: BTreeMap<ShardId, Vec<(usize, Target)>> = BTreeMap::new();
+    for (i, t) in targets.iter().enumerate() {
+        match ctx.shard.owner_of(image, &t.tp) {
+            Ok(owner) => by_shard.entry(owner).or_default().push((i, t.clone())),
             Err(e) => results[i] = Some(failed(e)),
         }
     }
@@ -297,12 +305,23 @@ async fn read_all(
                 async move {
                     let mut budget = budget;
                     let mut out = Vec::with_capacity(work.len());
-                    for (i, tp, offset, limit) in work {
+                    for (
+                        i,
+                        Target {
+                            tp,
+                            offset,
+                            limit,
+                            leader_epoch,
+                        },
+                    ) in work
+                    {
                         let read = match shard.partition(&tp) {
                             None => failed(BrokerError::UnknownTopicOrPartition),
                             Some(p) => {
                                 let want = limit.min(budget);
-                                let r = if want == 0 {
+                                let r = if let Err(e) = p.check_leader(leader_epoch) {
+                                    Err(e)
+                                } else if want == 0 {
                                     // Budget spent: report positions without reading.
                                     Ok(crate::partition::ReadResult {
                                         records: Bytes::new(),

@@ -28,6 +28,7 @@ pub async fn handle(ctx: Rc<RequestContext>, req: ListOffsetsRequest) -> ListOff
                 partition: p.partition_index,
             };
             let timestamp = p.timestamp;
+            let current_leader_epoch = p.current_leader_epoch;
             let min_version = match timestamp {
                 -3 => 7,
                 -4 => 8,
@@ -42,10 +43,7 @@ pub async fn handle(ctx: Rc<RequestContext>, req: ListOffsetsRequest) -> ListOff
                 shard
                     .on_partition(tp, move |p| {
                         async move {
-                            if !p.is_leader() {
-                                return Err(BrokerError::NotLeaderOrFollower);
-                            }
-                            let epoch = p.leader_epoch();
+                            let epoch = p.check_leader(current_leader_epoch)?;
                             let found = match timestamp {
                                 // No transactions yet, so read_committed's LSO is the HW too.
                                 -1 => Ok(Some((p.high_watermark(), -1))),

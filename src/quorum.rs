@@ -493,12 +493,14 @@ async fn quiescence_loop(shard: Weak<Shard>, transport: Rc<Transport>) {
             settle_until = now + Duration::from_secs(3);
         }
         last = now;
+        let beat_due = now >= next_beat;
         let mut beats: BTreeMap<u64, Vec<(GroupId, u64)>> = BTreeMap::new();
         for partition in shard.replicated_partitions() {
             let Some(lead) = partition
                 .replica
                 .as_ref()
                 .and_then(|r| r.tend(now < settle_until))
+                .filter(|_| beat_due)
             else {
                 continue;
             };
@@ -509,7 +511,7 @@ async fn quiescence_loop(shard: Weak<Shard>, transport: Rc<Transport>) {
                     .push((lead.group, lead.term));
             }
         }
-        if now < next_beat {
+        if !beat_due {
             continue;
         }
         next_beat = now + BEAT_INTERVAL;

@@ -139,6 +139,19 @@ def test_kill_leader_under_java_idempotent_load(cluster, tmp_path):
     wait_until(lambda: all_led(cluster, topic, 3), "victim back in every ISR", timeout_s=30)
 
 
+def write_each_at_once(cluster, topic, partitions, tag):
+    """One acks=all record to every partition with client retries off, so each must be
+    taken at the first try; every one acknowledged. Returns {partition: value}."""
+    p = Producer({"bootstrap.servers": cluster.bootstrap(), "acks": "all", "retries": 0, "enable.idempotence": False})
+    errors = []
+    values = {partition: f"{tag}-{partition}" for partition in range(partitions)}
+    for partition, value in values.items():
+        p.produce(topic, value=value.encode(), partition=partition, on_delivery=lambda err, msg: errors.append(err))
+    assert p.flush(30) == 0
+    assert errors == [None] * partitions, [e for e in errors if e is not None][:3]
+    return values
+
+
 def test_idle_partitions_fail_over(cluster):
     topic = "idle"
     partitions = 12
@@ -148,14 +161,8 @@ def test_idle_partitions_fail_over(cluster):
     # Idle for longer than a leader waits before it stops ticking (3 s) and than a leader's
     # lease lasts without heartbeats (3.5 s): a quiet leader still takes writes at once.
     time.sleep(6)
-    p = Producer({"bootstrap.servers": cluster.bootstrap(), "acks": "all", "retries": 0, "enable.idempotence": False})
-    errors = []
-    for partition in range(partitions):
-        p.produce(topic, value=f"q-{partition}".encode(), partition=partition, on_delivery=lambda err, msg: errors.append(err))
-    assert p.flush(30) == 0
-    assert errors == [None] * partitions, [e for e in errors if e is not None][:3]
-    for partition in range(partitions):
-        sent[partition].append(f"q-{partition}")
+    for partition, value in write_each_at_once(cluster, topic, partitions, "q").items():
+        sent[partition].append(value)
     time.sleep(6)
     victim = max(IDS, key=lambda n: sum(1 for leader in before.values() if leader == n))
     cluster.nodes[victim].kill9()
@@ -189,15 +196,10 @@ def test_quiet_partitions_keep_their_leaders(cluster):
     before = epochs(cluster, 1, topic)
     time.sleep(12)  # quiet after 3 s, then three times a follower's 4 s of patience
     assert epochs(cluster, 1, topic) == before
-    p = Producer({"bootstrap.servers": cluster.bootstrap(), "acks": "all", "retries": 0, "enable.idempotence": False})
-    errors = []
-    for partition in range(partitions):
-        p.produce(topic, value=f"c-{partition}".encode(), partition=partition, on_delivery=lambda err, msg: errors.append(err))
-    assert p.flush(30) == 0
-    assert errors == [None] * partitions, [e for e in errors if e is not None][:3]
+    written = write_each_at_once(cluster, topic, partitions, "c")
     assert epochs(cluster, 2, topic) == before
     got = {p: [v for _, v in read_partition(cluster.bootstrap(), topic, p)] for p in range(partitions)}
-    check({p: sent[p] + [f"c-{p}"] for p in range(partitions)}, got)
+    check({p: sent[p] + [written[p]] for p in range(partitions)}, got)
 
 
 def test_stopped_leader_of_idle_partitions_is_replaced(cluster):

@@ -65,6 +65,14 @@ pub struct BrokerRecord {
     /// partitions have no leader, until it is back.
     #[serde(default)]
     pub fenced: bool,
+    /// How many shards it runs (`--cores`): peers send a replicated partition's Raft
+    /// traffic to the shard that hosts it there.
+    #[serde(default = "one_shard")]
+    pub shards: u32,
+}
+
+fn one_shard() -> u32 {
+    1
 }
 
 /// Who leads a replicated partition, as its leader last reported it (Kafka's
@@ -424,6 +432,7 @@ mod tests {
                     host: "h".into(),
                     port: 1,
                     fenced: false,
+                    shards: 1,
                 },
             );
         }

@@ -20,7 +20,7 @@
 //! Liveness: the leader fences a broker whose Raft heartbeats it has not had acknowledged for
 //! `broker.session.timeout.ms`, and unfences it when they come back.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::rc::{Rc, Weak};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -45,9 +45,8 @@ use crate::errors::BrokerError;
 use crate::group::codec;
 use crate::kafka::handlers::admin::{create_topics, TopicSpec};
 use crate::metadata::{partition_key, BrokerRecord, ClusterState, LeaderRecord};
-use crate::replica::BEAT_INTERVAL;
 use crate::shard::Shard;
-use crate::types::now_ms;
+use crate::types::{now_ms, ShardId};
 
 /// Group 0 is the controller; partition groups use other ids.
 pub const CONTROLLER_GROUP: GroupId = GroupId(0);
@@ -57,10 +56,6 @@ const METADATA_DIR: &str = "__cluster_metadata-0";
 const STATE_KEY: &[u8] = b"cluster-state";
 /// How often the controller loop looks at leadership, registration and liveness.
 const TICK: Duration = Duration::from_millis(200);
-/// How often each node pings each peer (node liveness, for the ISR of idle partitions).
-const KEEPALIVE_INTERVAL: Duration = Duration::from_millis(250);
-/// How often the quiescence loop looks at every partition group (`Replica::tend`).
-const QUIESCENCE_INTERVAL: Duration = Duration::from_millis(500);
 /// Least time between two ISR-only reports of one partition.
 const ISR_REPORT_INTERVAL: Duration = Duration::from_secs(2);
 /// How long a node waits for the controller's answer to a forwarded report.
@@ -73,8 +68,7 @@ const PROPOSE_TIMEOUT: Duration = Duration::from_secs(10);
 enum Forwarded {
     RegisterBroker {
         id: i32,
-        host: String,
-        port: u16,
+        record: BrokerRecord,
     },
     /// Topics the broker creates for itself (auto-creation, `__consumer_offsets`).
     CreateTopics(Vec<TopicSpec>),
@@ -197,17 +191,7 @@ impl Quorum {
                 shard.controller_applied(state);
             }
         });
-        if let Some(addr) = config.voters.get(&node_id) {
-            let listener = glommio::net::TcpListener::bind(addr)
-                .map_err(|e| anyhow::anyhow!("cannot listen for Raft traffic on {addr}: {e}"))?;
-            transport.serve(listener);
-            let peers = config
-                .voters
-                .iter()
-                .filter(|(id, _)| **id != node_id)
-                .map(|(id, addr)| (*id as u64, addr.to_string()))
-                .collect();
-            transport.keepalive(peers, KEEPALIVE_INTERVAL);
+        if config.voters.contains_key(&node_id) {
             let weak = Rc::downgrade(shard);
             transport.set_forward_handler(Rc::new(move |payload: Bytes| {
                 let shard = weak.upgrade();
@@ -244,11 +228,6 @@ impl Quorum {
             node_id,
         });
         glommio::spawn_local(controller_loop(Rc::downgrade(shard), quorum.clone())).detach();
-        glommio::spawn_local(quiescence_loop(
-            Rc::downgrade(shard),
-            quorum.transport.clone(),
-        ))
-        .detach();
         Ok(quorum)
     }
 
@@ -282,11 +261,6 @@ impl Quorum {
                 "metadata change not committed in time (no quorum?)".into(),
             )),
         }
-    }
-
-    /// Closes the Raft port and connections.
-    pub fn shutdown(&self) {
-        self.transport.shutdown();
     }
 }
 
@@ -348,18 +322,14 @@ async fn serve_forwarded(shard: &Rc<Shard>, payload: &[u8]) -> Result<Bytes, Str
     let request: Forwarded =
         serde_json::from_slice(payload).map_err(|e| format!("bad request: {e}"))?;
     match request {
-        Forwarded::RegisterBroker { id, host, port } => {
-            register(
-                shard,
-                id,
-                BrokerRecord {
-                    host,
-                    port,
-                    fenced: false,
-                },
-            )
-            .await
-            .map_err(|e| e.to_string())?;
+        Forwarded::RegisterBroker { id, record } => {
+            let record = BrokerRecord {
+                fenced: false,
+                ..record
+            };
+            register(shard, id, record)
+                .await
+                .map_err(|e| e.to_string())?;
             Ok(Bytes::new())
         }
         Forwarded::ReportLeaders(reports) => {
@@ -412,9 +382,26 @@ async fn record_leaders(
         .await
 }
 
-/// The leaderships this node holds that the applied metadata does not show yet.
-fn leader_reports(shard: &Rc<Shard>, applied: &ClusterState) -> Vec<(String, LeaderRecord)> {
+/// The leaderships this node holds, on any of its shards, that their metadata image does
+/// not show yet.
+async fn leader_reports(shard: &Rc<Shard>) -> Vec<(String, LeaderRecord)> {
+    let asks = (0..shard.count).map(|s| {
+        shard.invoke_on(ShardId(s), |shard| {
+            let reports = shard_leader_reports(shard);
+            async move { reports }.boxed_local()
+        })
+    });
+    futures::future::join_all(asks)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// `leader_reports` of one shard's replicated partitions.
+fn shard_leader_reports(shard: &Shard) -> Vec<(String, LeaderRecord)> {
     let me = shard.config.node_id;
+    let image = shard.image();
     shard
         .replicated_partitions()
         .iter()
@@ -429,7 +416,7 @@ fn leader_reports(shard: &Rc<Shard>, applied: &ClusterState) -> Vec<(String, Lea
                 isr: replica.in_sync_replicas(),
             };
             let key = partition_key(&p.topic_id, p.index);
-            let current = applied.leaders.get(&key);
+            let current = image.leaders.get(&key);
             if current == Some(&record) {
                 return None;
             }
@@ -449,6 +436,16 @@ fn leader_reports(shard: &Rc<Shard>, applied: &ClusterState) -> Vec<(String, Lea
             Some((key, record))
         })
         .collect()
+}
+
+/// This node's broker record, as it registers it.
+fn this_broker(shard: &Shard) -> BrokerRecord {
+    BrokerRecord {
+        host: shard.config.advertised_host.clone(),
+        port: shard.config.advertised_port,
+        fenced: false,
+        shards: shard.count as u32,
+    }
 }
 
 /// Sets broker `id`'s record, as the controller leader.
@@ -474,71 +471,6 @@ async fn register(shard: &Rc<Shard>, id: i32, record: BrokerRecord) -> Result<()
         .await
 }
 
-/// Lets idle partition groups stop ticking and wakes them when something changes
-/// (`Replica::tend`), every `QUIESCENCE_INTERVAL` on shard 0; every `BEAT_INTERVAL` sends each
-/// peer one coalesced beat naming the quiet groups this node leads there, and wakes those the
-/// peer does not follow it in. After this node stalled (a SIGSTOP, a starved CPU) what it
-/// heard is stale, so for 3 s it changes nothing and only sends the beats.
-async fn quiescence_loop(shard: Weak<Shard>, transport: Rc<Transport>) {
-    let mut last = Instant::now();
-    let mut settle_until = last;
-    let mut next_beat = last;
-    loop {
-        glommio::timer::sleep(QUIESCENCE_INTERVAL).await;
-        let Some(shard) = shard.upgrade() else {
-            return;
-        };
-        let now = Instant::now();
-        if now.duration_since(last) > QUIESCENCE_INTERVAL * 3 {
-            settle_until = now + Duration::from_secs(3);
-        }
-        last = now;
-        let beat_due = now >= next_beat;
-        let mut beats: BTreeMap<u64, Vec<(GroupId, u64)>> = BTreeMap::new();
-        for partition in shard.replicated_partitions() {
-            let Some(lead) = partition
-                .replica
-                .as_ref()
-                .and_then(|r| r.tend(now < settle_until))
-                .filter(|_| beat_due)
-            else {
-                continue;
-            };
-            for follower in lead.followers {
-                beats
-                    .entry(follower)
-                    .or_default()
-                    .push((lead.group, lead.term));
-            }
-        }
-        if !beat_due {
-            continue;
-        }
-        next_beat = now + BEAT_INTERVAL;
-        let me = shard.config.node_id as u64;
-        for (peer, groups) in beats {
-            let (transport, shard) = (transport.clone(), Rc::downgrade(&shard));
-            glommio::spawn_local(async move {
-                let Ok(stale) = transport.beat(peer, me, groups, BEAT_INTERVAL * 2).await else {
-                    return; // the peer is silent: its liveness wakes the groups it follows
-                };
-                let Some(shard) = shard.upgrade().filter(|_| !stale.is_empty()) else {
-                    return;
-                };
-                let stale: HashSet<GroupId> = stale.into_iter().collect();
-                for partition in shard.replicated_partitions() {
-                    if let Some(replica) = partition.replica.as_ref() {
-                        if stale.contains(&replica.group()) {
-                            replica.wake();
-                        }
-                    }
-                }
-            })
-            .detach();
-        }
-    }
-}
-
 /// Leadership, first state, registration and liveness, every `TICK` on shard 0.
 async fn controller_loop(shard: Weak<Shard>, quorum: Rc<Quorum>) {
     let mut last_forward = Instant::now() - Duration::from_secs(10);
@@ -554,11 +486,7 @@ async fn controller_loop(shard: Weak<Shard>, quorum: Rc<Quorum>) {
             .cluster
             .controller_id
             .store(leader.unwrap_or(-1), Ordering::Relaxed);
-        let me = BrokerRecord {
-            host: shard.config.advertised_host.clone(),
-            port: shard.config.advertised_port,
-            fenced: false,
-        };
+        let me = this_broker(&shard);
         let applied = shard.with_controller(|c| c.applied().cloned());
         if !quorum.is_ready_leader() {
             leading_since = None;
@@ -573,11 +501,7 @@ async fn controller_loop(shard: Weak<Shard>, quorum: Rc<Quorum>) {
                                 return Ok(());
                             }
                             let node_id = shard.config.node_id;
-                            let me = BrokerRecord {
-                                host: shard.config.advertised_host.clone(),
-                                port: shard.config.advertised_port,
-                                fenced: false,
-                            };
+                            let me = this_broker(&shard);
                             shard.with_controller(|c| c.state = c.initial_state(node_id, me));
                             shard.commit_metadata().await
                         }
@@ -599,8 +523,8 @@ async fn controller_loop(shard: Weak<Shard>, quorum: Rc<Quorum>) {
                 }
                 continue;
             }
-            if let Some(state) = &applied {
-                let reports = leader_reports(&shard, state);
+            if applied.is_some() {
+                let reports = leader_reports(&shard).await;
                 if !reports.is_empty() {
                     if let Err(e) = record_leaders(&shard, reports).await {
                         tracing::warn!(error = %e, "could not record partition leaders");
@@ -614,7 +538,7 @@ async fn controller_loop(shard: Weak<Shard>, quorum: Rc<Quorum>) {
                 }
             }
         } else if let (Some(state), Some(leader)) = (&applied, leader) {
-            let reports = leader_reports(&shard, state);
+            let reports = leader_reports(&shard).await;
             if !reports.is_empty() && leader != quorum.node_id {
                 let request = Forwarded::ReportLeaders(reports);
                 if let Err(e) = forward(&shard, &quorum, leader, &request, FORWARD_TIMEOUT).await {
@@ -630,8 +554,7 @@ async fn controller_loop(shard: Weak<Shard>, quorum: Rc<Quorum>) {
                 last_forward = Instant::now();
                 let request = Forwarded::RegisterBroker {
                     id: quorum.node_id,
-                    host: me.host.clone(),
-                    port: me.port,
+                    record: me.clone(),
                 };
                 if let Err(e) = forward(&shard, &quorum, leader, &request, FORWARD_TIMEOUT).await {
                     tracing::info!(leader, error = %e, "registration with the controller failed; retrying");

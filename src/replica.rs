@@ -23,8 +23,8 @@
 //! first proposal after a quiet spell renews it with one heartbeat round first
 //! (`Replica::replicate`).
 //!
-//! Replicated partitions run on shard 0, beside the controller quorum, sharing its Raft
-//! transport (one connection per pair of nodes).
+//! A replicated partition runs on shard `GroupId::shard` of every node that holds it, on that
+//! shard's Raft transport (one connection per pair of shards, see `replication`).
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
@@ -485,7 +485,7 @@ impl Replica {
                 // stopped answering pings leaves too.
                 let since = *caught_up.entry(*id).or_insert(now);
                 if now.duration_since(since) <= self.lag_max
-                    && self.transport.is_alive(*id, self.lag_max)
+                    && self.transport.is_alive(*id, self.group, self.lag_max)
                 {
                     isr.push(*id as i32);
                 }
@@ -539,7 +539,7 @@ impl Replica {
                         if *id == self.node_id {
                             continue;
                         }
-                        let liveness = self.transport.liveness(*id, FOLLOWER_SILENT);
+                        let liveness = self.transport.liveness(*id, self.group, FOLLOWER_SILENT);
                         (id, liveness).hash(&mut signature);
                         caught_up &= !liveness.0 || matched.map(|l| l.index) == m.last_log_index;
                     }

@@ -4,9 +4,10 @@
 //! channels carrying jobs (`invoke_on`): a closure that runs on the target shard, whose result
 //! comes back over a oneshot. A job's synchronous part runs in the order jobs arrive, which is
 //! what keeps appends from one connection in order. Shard 0 also runs the controller quorum
-//! (cluster metadata in Raft group 0, `quorum`), publishes each committed `MetadataImage` to
-//! every shard, and hosts the replicated partitions with their Raft groups (`replica`), all
-//! on one Raft transport; unreplicated partitions are spread over the shards.
+//! (cluster metadata in Raft group 0, `quorum`) and publishes each committed `MetadataImage`
+//! to every shard. Partitions, replicated or not, are spread over the shards; each shard runs
+//! the Raft groups of its replicated partitions (`replica`) on its own Raft transport
+//! (`replication`).
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
@@ -66,8 +67,9 @@ pub struct Shard {
     controller: Option<RefCell<Controller>>,
     /// The controller quorum (Raft group 0); shard 0 only, set once it has started.
     quorum: RefCell<Option<Rc<Quorum>>>,
-    /// The Raft transport of the quorum and the replicated partitions; shard 0 only.
-    pub raft_transport: Option<Rc<ferrolog_raft::network::Transport>>,
+    /// This shard's Raft transport: its replicated partitions' groups (and on shard 0 the
+    /// controller quorum's).
+    pub raft_transport: Rc<ferrolog_raft::network::Transport>,
     /// This node's producer-id allocator; shard 0 only.
     pub producer_ids: Option<RefCell<ProducerIds>>,
     /// Serialises controller changes (persist + publish) on shard 0.
@@ -118,15 +120,16 @@ impl Shard {
         Ok(self.owning_shard(topic, tp.partition))
     }
 
-    /// Replicated partitions live on shard 0, beside the controller quorum and its Raft
-    /// transport; the others are spread over the shards by `shard_for`.
+    /// The shard of this node that owns the partition: a replicated one is where its Raft
+    /// group lives (`GroupId::shard`, which peers compute too), the others are spread by
+    /// `shard_for`.
     pub fn owning_shard(&self, topic: &crate::metadata::TopicMeta, partition: i32) -> ShardId {
         let replicated = topic
             .replicas
             .get(partition as usize)
             .is_some_and(|r| r.len() > 1);
         if replicated {
-            ShardId(0)
+            ShardId(crate::replica::group_id(&topic.id, partition).shard(self.count))
         } else {
             shard_for(&topic.id, partition, self.count)
         }
@@ -267,7 +270,7 @@ impl Shard {
         futures::future::join_all(waits).await;
     }
 
-    /// Shard 0: this node's replicated partitions.
+    /// This shard's replicated partitions.
     pub fn replicated_partitions(&self) -> Vec<Rc<Partition>> {
         self.partitions
             .borrow()
@@ -294,6 +297,7 @@ impl Shard {
             return;
         }
         *self.image.borrow_mut() = image.clone();
+        crate::replication::learn_peers(self, &image);
         let now = now_ms();
         let mut to_open = Vec::new();
         for topic in image.topics.values() {
@@ -330,9 +334,7 @@ impl Shard {
         for (tp, p) in gone {
             self.partitions.borrow_mut().remove(&tp);
             if let Some(replica) = &p.replica {
-                if let Some(transport) = &self.raft_transport {
-                    transport.unregister(replica_group(&p));
-                }
+                self.raft_transport.unregister(replica.group());
                 let _ = replica.raft.shutdown().await;
             }
             if tp.topic == OFFSETS_TOPIC {
@@ -348,10 +350,7 @@ impl Shard {
         }
         for (tp, id, settings, replicas) in to_open {
             let opened = if replicas.len() > 1 {
-                let transport = self
-                    .raft_transport
-                    .clone()
-                    .expect("replicated partitions open on shard 0");
+                let transport = self.raft_transport.clone();
                 let config = self.config.clone();
                 let group = crate::replica::group_id(&id, tp.partition);
                 Partition::open_replicated(
@@ -411,8 +410,8 @@ impl Shard {
     /// Closes every partition log (flushes and writes indexes) for a clean shutdown.
     pub async fn close_all(&self) {
         let parts: Vec<Rc<Partition>> = self.partitions.borrow().values().cloned().collect();
+        self.raft_transport.shutdown();
         if let Some(quorum) = self.quorum() {
-            quorum.shutdown();
             let _ = quorum.raft.shutdown().await;
         }
         for p in &parts {
@@ -453,11 +452,6 @@ impl Shard {
             }
         }
     }
-}
-
-/// The Raft group of a replicated partition.
-fn replica_group(p: &Partition) -> ferrolog_raft::wire::GroupId {
-    crate::replica::group_id(&p.topic_id, p.index)
 }
 
 /// Starts `cores` shards and serves until the process is killed. Blocks the calling thread.
@@ -584,7 +578,7 @@ async fn shard_main(
         partitions: RefCell::new(HashMap::new()),
         controller: controller.map(RefCell::new),
         quorum: RefCell::new(None),
-        raft_transport: (id.0 == 0).then(ferrolog_raft::network::Transport::new),
+        raft_transport: ferrolog_raft::network::Transport::new(),
         producer_ids: producer_ids.map(RefCell::new),
         controller_lock: Semaphore::new(1),
         image_lock: Semaphore::new(1),
@@ -602,14 +596,11 @@ async fn shard_main(
         })
         .detach();
     }
+    crate::replication::start(&shard)?;
     if id.0 == 0 {
         // Committed metadata is applied (and published) as the quorum starts; a new cluster
         // gets its first state once a leader is elected.
-        let transport = shard
-            .raft_transport
-            .clone()
-            .expect("shard 0 has the transport");
-        let quorum = Quorum::start(&shard, transport).await?;
+        let quorum = Quorum::start(&shard, shard.raft_transport.clone()).await?;
         *shard.quorum.borrow_mut() = Some(quorum);
     }
     ready_rx

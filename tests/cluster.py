@@ -15,9 +15,14 @@ from support import kafka_error_code
 SESSION_MS = 2000
 
 
+# Most shards a test node runs: each takes Raft traffic on its own port (Raft port + shard).
+MAX_CORES = 2
+
+
 class Cluster:
-    def __init__(self, tmp_path, size=3, extra=None):
-        raft_ports = {i: free_port() for i in range(1, size + 1)}
+    def __init__(self, tmp_path, size=3, extra=None, cores=None):
+        raft_ports = {i: free_port(span=MAX_CORES) for i in range(1, size + 1)}
+        self.raft_ports = raft_ports
         voters = ",".join(f"{i}@127.0.0.1:{p}" for i, p in raft_ports.items())
         self.nodes = {}
         for i in raft_ports:
@@ -31,6 +36,7 @@ class Cluster:
                 **(extra or {}),
             }
             self.nodes[i] = Broker(node_dir, overrides=overrides)
+            self.nodes[i].cores = (cores or {}).get(i, MAX_CORES)
 
     def start(self):
         # All at once: a node serves clients only once the quorum has elected a controller.

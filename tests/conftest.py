@@ -50,10 +50,24 @@ STOP_TIMEOUT_S = 30
 APACHE_TEST_CONFIG = ("broker.heartbeat.interval.ms=500", "broker.session.timeout.ms=3000")
 
 
-def free_port():
+def free_port(span=1):
+    """A free port P on 127.0.0.1 with P+1 .. P+span-1 free too (a ferrolog node's shard s
+    takes Raft traffic at its Raft port + s)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + span <= 65536 and all(_bindable(port + i) for i in range(1, span)):
+            return port
+
+
+def _bindable(port):
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
 
 
 def answers_api_versions(port, timeout_s=2.0):
@@ -101,6 +115,8 @@ class Broker:
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.proc = None
         self.starts = 0
+        # ferrolog's --cores (shards); a cluster test may give nodes different counts.
+        self.cores = 2
 
     def _command(self):
         if TARGET == "apache":
@@ -117,7 +133,7 @@ class Broker:
                 pytest.fail(f"no ferrolog binary at {binary}: build it (cargo build --release) or set FERROLOG_BIN")
             listener = f"PLAINTEXT://127.0.0.1:{self.port}"
             cmd = [
-                str(binary), "start", "--cores", "2",
+                str(binary), "start", "--cores", str(self.cores),
                 "--override", f"listeners={listener}",
                 "--override", f"advertised.listeners={listener}",
                 "--override", f"log.dirs={self.data_dir}",

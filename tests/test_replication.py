@@ -14,7 +14,9 @@ clients, each checked for lost, duplicated and reordered records.
   node's coalesced beat) keep their leaders and epochs, take writes at once, fail over when
   their leader's node is killed or its process hangs (SIGSTOP), and take the node back when
   it returns;
-- acks=1 is answered from the leader's log, without the followers.
+- acks=1 is answered from the leader's log, without the followers;
+- nodes of different shard counts replicate: each shard runs its own groups on its own Raft
+  port, and peers follow a node that restarts with another shard count.
 
 ferrolog only, like test_cluster.py.
 """
@@ -381,3 +383,41 @@ def test_acks_one_does_not_wait_for_followers(cluster):
     log = read_partition(cluster.bootstrap(), topic, 0)
     # "no-quorum" timed out at the client but may have reached the leader's log, and commit.
     assert [(o, v) for o, v in log if v != "no-quorum"] == acked, log
+
+
+def established_on(port):
+    """Established TCP connections whose local end is `port` on 127.0.0.1 (/proc/net/tcp)."""
+    count = 0
+    with open("/proc/net/tcp") as f:
+        next(f)
+        for line in f:
+            local, state = line.split()[1], line.split()[3]
+            count += state == "01" and int(local.split(":")[1], 16) == port
+    return count
+
+
+def test_nodes_with_different_shard_counts_replicate(tmp_path):
+    c = Cluster(tmp_path, extra={"replica.lag.time.max.ms": LAG_MS}, cores={1: 2, 2: 1, 3: 2})
+    try:
+        c.start()
+        wait_until(lambda: registered(c, 1, IDS), "all brokers registered")
+        topic = "shards"
+        replicated_topic(c, topic, 8)
+        sent = produce(c.bootstrap(), topic, 8, 800, "a")
+        # Node 1's second shard runs some of the groups and takes their Raft traffic itself.
+        wait_until(lambda: established_on(c.raft_ports[1] + 1) > 0, "connections to node 1's shard-1 Raft port")
+        # Node 1 comes back with one shard: its groups move to shard 0, and the peers' traffic
+        # follows its new registration.
+        c.nodes[1].kill9()
+        c.nodes[1].cores = 1
+        c.nodes[1].start()
+        wait_until(lambda: all_led(c, topic, 8), "every partition led with a full ISR again", timeout_s=30)
+        # Without node 2 every commit needs node 1's (moved) replicas and node 3's.
+        c.nodes[2].kill9()
+        more = produce(c.bootstrap(1, 3), topic, 8, 800, "b")
+        c.nodes[2].start()
+        got = {p: [v for _, v in read_partition(c.bootstrap(), topic, p)] for p in range(8)}
+        check({p: sent[p] + more[p] for p in sent}, got)
+        assert sum(len(v) for v in got.values()) == 1600
+    finally:
+        c.kill()

@@ -1,7 +1,13 @@
-//! Raft traffic between nodes: one TCP connection per peer carries the RPCs of every group
-//! this shard hosts, as [`wire`] frames.
+//! Raft traffic between nodes: one TCP connection per pair of shards carries the RPCs of every
+//! group the two shards host, as [`wire`] frames.
 //!
-//! Outgoing: each peer has one write buffer. An RPC is encoded into it and the connection's
+//! Each shard of a node runs its own transport and listens at the node's Raft address with
+//! the port plus its shard index (shard 0 at the address `controller.quorum.voters` names). A
+//! group lives on shard [`GroupId::shard`] of every node, so a transport sends a group's RPCs
+//! to that shard of the peer, knowing the peer's shard count (`set_shards`; 1 until told).
+//! With equal shard counts, shard s of one node talks only to shard s of the others.
+//!
+//! Outgoing: each peer shard has one write buffer. An RPC is encoded into it and the connection's
 //! writer sends everything buffered in one write, so the heartbeats and appends that many
 //! groups queue while a write is in flight leave together (coalesced per write; each group's
 //! heartbeat is still its own frame). Replies are matched
@@ -13,7 +19,7 @@
 //! replies back through a buffer of the same kind.
 //!
 //! A connection that fails fails every RPC waiting on it; the next RPC reconnects. A
-//! keepalive ping per peer tells which nodes answer (`is_alive`, the ISR's view of idle
+//! keepalive ping per peer shard tells which peers answer (`is_alive`, the ISR's view of idle
 //! partitions) and counts reconnections (`liveness`); `heard` tells when each group last
 //! took an append from its leader, or was named in its leader node's coalesced heartbeat
 //! (`beat`: one message per peer per interval for all the quiet groups a node leads there),
@@ -94,9 +100,16 @@ impl TaskSet {
 /// Serves `Forward` requests addressed to this node.
 pub type ForwardHandler = Rc<dyn Fn(Bytes) -> LocalBoxFuture<'static, Result<Bytes, String>>>;
 
+/// A peer shard: its node id and shard index.
+type PeerKey = (u64, usize);
+
 /// This shard's Raft transport: its peers (client side) and its groups (server side).
 pub struct Transport {
-    peers: RefCell<HashMap<u64, Rc<Peer>>>,
+    peers: RefCell<HashMap<PeerKey, Rc<Peer>>>,
+    /// How many shards each peer node runs (1 until `set_shards` says otherwise).
+    shards: RefCell<HashMap<u64, usize>>,
+    /// How often every peer is pinged, once `keepalive` was called.
+    keepalive: Cell<Option<Duration>>,
     groups: RefCell<HashMap<GroupId, GroupRaft>>,
     /// When each group last took an append (entries or a heartbeat) from its leader, or was
     /// in its leader node's coalesced heartbeat.
@@ -109,6 +122,8 @@ impl Transport {
     pub fn new() -> Rc<Transport> {
         Rc::new(Transport {
             peers: RefCell::new(HashMap::new()),
+            shards: RefCell::new(HashMap::new()),
+            keepalive: Cell::new(None),
             groups: RefCell::new(HashMap::new()),
             heard: RefCell::new(HashMap::new()),
             forward: RefCell::new(None),
@@ -123,13 +138,13 @@ impl Transport {
 
     /// Sends `payload` to node `node_id` at `addr` for its forward handler.
     pub async fn forward(
-        &self,
+        self: &Rc<Self>,
         node_id: u64,
         addr: &str,
         payload: Bytes,
         ttl: Duration,
     ) -> Result<Bytes, String> {
-        let peer = self.peer(node_id, addr);
+        let peer = self.peer(node_id, addr, GroupId(0));
         match peer.call(GroupId(0), Message::Forward(payload), ttl).await {
             Ok(Message::ForwardReply(reply)) => reply,
             Ok(Message::Failed(why)) => Err(why),
@@ -142,7 +157,9 @@ impl Transport {
     /// fail and later ones find no connection.
     pub fn shutdown(&self) {
         self.tasks.cancel_all();
-        self.peers.borrow_mut().clear();
+        for (_, peer) in self.peers.borrow_mut().drain() {
+            peer.retire();
+        }
     }
 
     /// Serves incoming RPCs for the registered groups until the listener fails.
@@ -164,47 +181,94 @@ impl Transport {
         }
     }
 
-    fn peer(&self, node_id: u64, addr: &str) -> Rc<Peer> {
+    /// Tells the transport that node `node_id` runs `shards` shards: its groups' traffic
+    /// goes to their shard there from now on ([`GroupId::shard`]).
+    pub fn set_shards(&self, node_id: u64, shards: usize) {
+        let shards = shards.max(1);
+        if self
+            .shards
+            .borrow_mut()
+            .insert(node_id, shards)
+            .unwrap_or(1)
+            == shards
+        {
+            return;
+        }
         let mut peers = self.peers.borrow_mut();
-        let tasks = &self.tasks;
-        let peer = peers
-            .entry(node_id)
-            .or_insert_with(|| Peer::new(addr, tasks.clone()));
-        if peer.addr != addr {
-            // The node moved: a new peer, the old connection dies with its last user.
-            *peer = Peer::new(addr, tasks.clone());
-        }
-        peer.clone()
+        peers.retain(|(node, shard), peer| {
+            let keep = *node != node_id || *shard < shards;
+            if !keep {
+                peer.retire();
+            }
+            keep
+        });
     }
 
-    /// Pings every peer each `interval`, so `is_alive` knows which nodes answer: one small
-    /// frame per peer per interval, however many groups the two nodes share (an idle
-    /// partition's leader uses it to see a dead follower leave the ISR).
-    pub fn keepalive(self: &Rc<Self>, peers: Vec<(u64, String)>, interval: Duration) {
-        for (node_id, addr) in peers {
-            let peer = self.peer(node_id, &addr);
-            self.tasks.spawn(async move {
-                loop {
-                    let _ = peer.call(GroupId(0), Message::Ping, interval * 4).await;
-                    glommio::timer::sleep(interval).await;
-                }
-            });
+    /// The shard of node `node_id` that hosts `group`.
+    pub fn peer_shard(&self, node_id: u64, group: GroupId) -> usize {
+        let shards = self.shards.borrow().get(&node_id).copied().unwrap_or(1);
+        group.shard(shards)
+    }
+
+    /// The peer shard hosting `group` on node `node_id`, whose shard 0 listens at `addr`.
+    fn peer(self: &Rc<Self>, node_id: u64, addr: &str, group: GroupId) -> Rc<Peer> {
+        let key = (node_id, self.peer_shard(node_id, group));
+        if let Some(peer) = self.peers.borrow().get(&key) {
+            if peer.node_addr == addr {
+                return peer.clone();
+            }
+        }
+        let peer = Peer::new(addr, key.1, self.tasks.clone());
+        if let Some(old) = self.peers.borrow_mut().insert(key, peer.clone()) {
+            // The node moved: the old connection closes.
+            old.retire();
+        }
+        if let Some(interval) = self.keepalive.get() {
+            self.ping(&peer, interval);
+        }
+        peer
+    }
+
+    /// Pings every peer shard each `interval` (those of `nodes` at once, the others from
+    /// their first RPC), so `is_alive` knows which answer: one small frame per peer shard
+    /// per interval, however many groups the two share (an idle partition's leader uses it
+    /// to see a dead follower leave the ISR).
+    pub fn keepalive(self: &Rc<Self>, nodes: Vec<(u64, String)>, interval: Duration) {
+        self.keepalive.set(Some(interval));
+        let known: Vec<Rc<Peer>> = self.peers.borrow().values().cloned().collect();
+        for peer in &known {
+            self.ping(peer, interval);
+        }
+        for (node_id, addr) in nodes {
+            self.peer(node_id, &addr, GroupId(0));
         }
     }
 
-    /// Sends node `node_id` (a peer already known) the coalesced heartbeat of the quiet
-    /// groups this node, `leader`, leads there; returns the groups it does not follow this
-    /// node in.
+    fn ping(&self, peer: &Rc<Peer>, interval: Duration) {
+        let peer = peer.clone();
+        self.tasks.spawn(async move {
+            while !peer.retired.get() {
+                let _ = peer.call(GroupId(0), Message::Ping, interval * 4).await;
+                glommio::timer::sleep(interval).await;
+            }
+        });
+    }
+
+    /// Sends shard `shard` of node `node_id` (a peer already known) the coalesced heartbeat
+    /// of the quiet groups this node, `leader`, leads there; returns the groups it does not
+    /// follow this node in.
     pub async fn beat(
         &self,
-        node_id: u64,
+        (node_id, shard): (u64, usize),
         leader: u64,
         groups: Vec<(GroupId, u64)>,
         ttl: Duration,
     ) -> Result<Vec<GroupId>, String> {
-        let peer = self.peers.borrow().get(&node_id).cloned();
+        let peer = self.peers.borrow().get(&(node_id, shard)).cloned();
         let Some(peer) = peer else {
-            return Err(format!("node {node_id} is not a known peer"));
+            return Err(format!(
+                "shard {shard} of node {node_id} is not a known peer"
+            ));
         };
         match peer
             .call(GroupId(0), Message::Beat { leader, groups }, ttl)
@@ -216,13 +280,11 @@ impl Transport {
         }
     }
 
-    /// Whether `node_id` answered anything within `within` (a peer gets the benefit of the
-    /// doubt for `within` after it is first contacted; a connection alone is no answer).
-    pub fn is_alive(&self, node_id: u64, within: Duration) -> bool {
-        self.peers
-            .borrow()
-            .get(&node_id)
-            .is_none_or(|p| p.last_reply.get().elapsed() < within)
+    /// Whether the shard of `node_id` hosting `group` answered anything within `within` (a
+    /// peer gets the benefit of the doubt for `within` after it is first contacted; a
+    /// connection alone is no answer).
+    pub fn is_alive(&self, node_id: u64, group: GroupId, within: Duration) -> bool {
+        self.liveness(node_id, group, within).0
     }
 
     /// When `group` last heard from its leader here (an append, or its node's `beat`).
@@ -230,15 +292,13 @@ impl Transport {
         self.heard.borrow().get(&group).copied()
     }
 
-    /// `is_alive`, and how many connections to the node were made so far (a change means
-    /// the link broke or the node restarted).
-    pub fn liveness(&self, node_id: u64, within: Duration) -> (bool, u64) {
-        let connects = self
-            .peers
-            .borrow()
-            .get(&node_id)
-            .map_or(0, |p| p.connects.get());
-        (self.is_alive(node_id, within), connects)
+    /// `is_alive`, and how many connections to that peer shard were made so far (a change
+    /// means the link broke or the node restarted).
+    pub fn liveness(&self, node_id: u64, group: GroupId, within: Duration) -> (bool, u64) {
+        let key = (node_id, self.peer_shard(node_id, group));
+        self.peers.borrow().get(&key).map_or((true, 0), |p| {
+            (p.last_reply.get().elapsed() < within, p.connects.get())
+        })
     }
 
     /// Accepts peers' connections and serves them until the listener fails or `shutdown`.
@@ -457,9 +517,14 @@ async fn read_frame(
         .map_err(invalid)
 }
 
-/// One peer node: its address, the connection to it and the RPCs waiting for replies.
+/// One peer shard: its address, the connection to it and the RPCs waiting for replies.
 struct Peer {
+    /// The node's Raft address (its shard 0), as the group membership names it.
+    node_addr: String,
+    /// This shard's address: the node's, with the shard index added to the port.
     addr: String,
+    /// Replaced or shut down: no more connections or pings.
+    retired: Cell<bool>,
     tasks: Rc<TaskSet>,
     out: RefCell<Rc<Outbox>>,
     /// When the current connection last delivered a reply.
@@ -472,11 +537,13 @@ struct Peer {
 }
 
 impl Peer {
-    fn new(addr: &str, tasks: Rc<TaskSet>) -> Rc<Peer> {
+    fn new(node_addr: &str, shard: usize, tasks: Rc<TaskSet>) -> Rc<Peer> {
         let out = Outbox::default();
         out.closed.set(true);
         Rc::new(Peer {
-            addr: addr.to_string(),
+            node_addr: node_addr.to_string(),
+            addr: shard_addr(node_addr, shard),
+            retired: Cell::new(false),
             tasks,
             out: RefCell::new(Rc::new(out)),
             last_reply: Cell::new(std::time::Instant::now()),
@@ -487,6 +554,12 @@ impl Peer {
         })
     }
 
+    /// Closes the connection for good (the peer was replaced or the transport shut down).
+    fn retire(&self) {
+        self.retired.set(true);
+        self.out.borrow().close();
+    }
+
     /// Sends `message` for `group` and waits up to `ttl` for the reply.
     async fn call(
         self: &Rc<Self>,
@@ -495,6 +568,9 @@ impl Peer {
         ttl: Duration,
     ) -> Result<Message, Unreachable<PartitionRaft>> {
         let unreachable = |why: String| Unreachable::new(&Protocol(why));
+        if self.retired.get() {
+            return Err(unreachable(format!("connection to {} retired", self.addr)));
+        }
         if self.out.borrow().closed.get() {
             self.connect()
                 .await
@@ -596,6 +672,24 @@ impl Peer {
     }
 }
 
+/// The address of shard `shard` of a node whose shard 0 listens at `node_addr`
+/// (`host:port`): the same host, the port plus the shard index.
+fn shard_addr(node_addr: &str, shard: usize) -> String {
+    let port = node_addr
+        .rsplit_once(':')
+        .and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?)));
+    match port {
+        Some((host, port)) if shard > 0 => {
+            let port = u16::try_from(shard)
+                .ok()
+                .and_then(|s| port.checked_add(s))
+                .unwrap_or(port);
+            format!("{host}:{port}")
+        }
+        _ => node_addr.to_string(),
+    }
+}
+
 /// openraft's network factory for one group: clients share the transport's peers.
 pub struct NetworkFactory {
     transport: Rc<Transport>,
@@ -607,25 +701,34 @@ impl RaftNetworkFactory<PartitionRaft> for NetworkFactory {
 
     async fn new_client(&mut self, target: u64, node: &BasicNode) -> PeerClient {
         PeerClient {
-            peer: self.transport.peer(target, &node.addr),
+            transport: self.transport.clone(),
+            target,
+            addr: node.addr.clone(),
             group: self.group,
         }
     }
 }
 
-/// One group's view of one peer.
+/// One group's view of one peer node. The peer shard is looked up for every RPC, so a node
+/// that restarts with another shard count is found at its group's new shard.
 pub struct PeerClient {
-    peer: Rc<Peer>,
+    transport: Rc<Transport>,
+    target: u64,
+    addr: String,
     group: GroupId,
 }
 
 impl PeerClient {
+    fn peer(&self) -> Rc<Peer> {
+        self.transport.peer(self.target, &self.addr, self.group)
+    }
+
     async fn rpc(
         &self,
         message: Message,
         ttl: Duration,
     ) -> Result<Message, RPCError<PartitionRaft>> {
-        match self.peer.call(self.group, message, ttl).await? {
+        match self.peer().call(self.group, message, ttl).await? {
             Message::Failed(why) => Err(RPCError::Unreachable(Unreachable::new(&Protocol(why)))),
             reply => Ok(reply),
         }
@@ -700,7 +803,7 @@ impl RaftNetworkV2<PartitionRaft> for PeerClient {
     ) -> Result<SnapshotResponse<PartitionRaft>, StreamingError<PartitionRaft>> {
         let meta: Meta = snapshot.meta;
         let reply = self
-            .peer
+            .peer()
             .call(
                 self.group,
                 Message::Snapshot { vote, meta },
@@ -712,5 +815,18 @@ impl RaftNetworkV2<PartitionRaft> for PeerClient {
             Message::Failed(why) => Err(Unreachable::new(&Protocol(why)).into()),
             other => Err(wrong_reply(other).into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shard_addr;
+
+    #[test]
+    fn shard_addresses_add_the_shard_to_the_port() {
+        assert_eq!(shard_addr("127.0.0.1:9093", 0), "127.0.0.1:9093");
+        assert_eq!(shard_addr("127.0.0.1:9093", 3), "127.0.0.1:9096");
+        assert_eq!(shard_addr("[::1]:9093", 1), "[::1]:9094");
+        assert_eq!(shard_addr("raft.example:9093", 1), "raft.example:9094");
     }
 }

@@ -36,6 +36,15 @@ pub const FRAME_HEADER_BYTES: usize = 1 + 8 + 8;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct GroupId(pub u64);
 
+impl GroupId {
+    /// The shard that hosts this group on a node of `shards` shards: a function of the id
+    /// alone, so a peer knows where to send a group's traffic from the node's shard count.
+    /// Group 0 (the controller) is always on shard 0.
+    pub fn shard(self, shards: usize) -> usize {
+        (self.0 % shards.max(1) as u64) as usize
+    }
+}
+
 /// The snapshot metadata of a partition group.
 pub type Meta = SnapshotMeta<CommittedLeaderId, u64, openraft::BasicNode>;
 

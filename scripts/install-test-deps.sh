@@ -35,6 +35,8 @@ command -v kcat >/dev/null || apt_packages+=(kcat)
 command -v javac >/dev/null || apt_packages+=(openjdk-17-jdk-headless)
 command -v mvn >/dev/null || apt_packages+=(maven)
 command -v python3 >/dev/null || apt_packages+=(python3)
+# `ip netns` for the network-partition test.
+command -v ip >/dev/null || apt_packages+=(iproute2)
 if ! python3 -m pip --version >/dev/null 2>&1; then
     apt_packages+=(python3-pip)
 fi

@@ -147,6 +147,8 @@ fn raft_config() -> Arc<openraft::Config> {
         election_timeout_max: 2000,
         // Snapshots carry no data (the log is the state), so the log must never be purged.
         snapshot_policy: openraft::SnapshotPolicy::Never,
+        // A node back from a network cut does not depose a live controller (see replica.rs).
+        enable_pre_vote: Some(true),
         ..openraft::Config::default()
     };
     Arc::new(config.validate().expect("valid controller Raft config"))

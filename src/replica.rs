@@ -76,6 +76,10 @@ fn raft_config() -> Arc<openraft::Config> {
         election_timeout_max: 3500,
         // Snapshots carry no data and retention does not purge replicated logs yet.
         snapshot_policy: openraft::SnapshotPolicy::Never,
+        // A replica stands for election only once a majority would vote for it, so one that
+        // missed its leader's beats (or restarted) does not bump the term under a live
+        // leader: the transport refuses Pre-Votes while the group hears from its leader.
+        enable_pre_vote: Some(true),
         ..openraft::Config::default()
     };
     Arc::new(config.validate().expect("valid partition Raft config"))

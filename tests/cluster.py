@@ -20,10 +20,13 @@ MAX_CORES = 2
 
 
 class Cluster:
-    def __init__(self, tmp_path, size=3, extra=None, cores=None):
+    def __init__(self, tmp_path, size=3, extra=None, cores=None, hosts=None, netns=None):
+        """`cores`, `hosts` and `netns` map node ids to their shard count, listening address
+        and network namespace, where they differ from 2, 127.0.0.1 and none."""
         raft_ports = {i: free_port(span=MAX_CORES) for i in range(1, size + 1)}
         self.raft_ports = raft_ports
-        voters = ",".join(f"{i}@127.0.0.1:{p}" for i, p in raft_ports.items())
+        hosts = {i: (hosts or {}).get(i, "127.0.0.1") for i in raft_ports}
+        voters = ",".join(f"{i}@{hosts[i]}:{p}" for i, p in raft_ports.items())
         self.nodes = {}
         for i in raft_ports:
             node_dir = tmp_path / f"node-{i}"
@@ -35,7 +38,7 @@ class Cluster:
                 "group.initial.rebalance.delay.ms": 0,
                 **(extra or {}),
             }
-            self.nodes[i] = Broker(node_dir, overrides=overrides)
+            self.nodes[i] = Broker(node_dir, overrides=overrides, host=hosts[i], netns=(netns or {}).get(i))
             self.nodes[i].cores = (cores or {}).get(i, MAX_CORES)
 
     def start(self):

@@ -70,7 +70,7 @@ def _bindable(port):
             return False
 
 
-def answers_api_versions(port, timeout_s=2.0):
+def answers_api_versions(port, timeout_s=2.0, host="127.0.0.1"):
     """True when something on `port` answers an ApiVersions v0 request.
 
     A listening socket is not enough: Apache Kafka binds its port before it
@@ -78,7 +78,7 @@ def answers_api_versions(port, timeout_s=2.0):
     """
     request = struct.pack(">hhih", 18, 0, 0x5E7A, -1)  # api key, version, correlation id, null client id
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as s:
+        with socket.create_connection((host, port), timeout=timeout_s) as s:
             s.sendall(struct.pack(">i", len(request)) + request)
             head = b""
             while len(head) < 8:
@@ -104,15 +104,19 @@ def _raise_memlock():
 class Broker:
     """One broker process of the system under test, on fixed ports and one data dir."""
 
-    def __init__(self, workdir: Path, overrides=None):
+    def __init__(self, workdir: Path, overrides=None, host="127.0.0.1", netns=None):
         self.workdir = workdir
+        # Where it listens, and the network namespace it runs in (ferrolog only), for tests
+        # that cut a node off the network.
+        self.host = host
+        self.netns = netns
         # Extra broker configs (Kafka names), applied after the fixture's own.
         self.overrides = {str(k): str(v) for k, v in (overrides or {}).items()}
         self.data_dir = workdir / "data"
         self.log_path = workdir / "broker.log"
         self.port = free_port()
         self.controller_port = free_port()
-        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.bootstrap = f"{host}:{self.port}"
         self.proc = None
         self.starts = 0
         # ferrolog's --cores (shards); a cluster test may give nodes different counts.
@@ -131,8 +135,9 @@ class Broker:
             binary = Path(os.environ.get("FERROLOG_BIN", REPO_ROOT / "target" / "release" / "ferrolog"))
             if not binary.is_file():
                 pytest.fail(f"no ferrolog binary at {binary}: build it (cargo build --release) or set FERROLOG_BIN")
-            listener = f"PLAINTEXT://127.0.0.1:{self.port}"
-            cmd = [
+            listener = f"PLAINTEXT://{self.host}:{self.port}"
+            cmd = ["ip", "netns", "exec", self.netns] if self.netns else []
+            cmd += [
                 str(binary), "start", "--cores", str(self.cores),
                 "--override", f"listeners={listener}",
                 "--override", f"advertised.listeners={listener}",
@@ -167,7 +172,7 @@ class Broker:
 
     def wait_ready(self):
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while not answers_api_versions(self.port):
+        while not answers_api_versions(self.port, host=self.host):
             if self.proc.poll() is not None:
                 code = self.proc.returncode
                 self.proc = None

@@ -15,6 +15,8 @@ clients, each checked for lost, duplicated and reordered records.
   their leader's node is killed or its process hangs (SIGSTOP), and take the node back when
   it returns;
 - acks=1 is answered from the leader's log, without the followers;
+- a follower cut off the network (its own network namespace) for longer than an election
+  timeout returns without taking leadership from anyone (Pre-Vote), and misses nothing;
 - nodes of different shard counts replicate: each shard runs its own groups on its own Raft
   port, and peers follow a node that restarts with another shard count.
 
@@ -22,6 +24,7 @@ ferrolog only, like test_cluster.py.
 """
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -419,5 +422,89 @@ def test_nodes_with_different_shard_counts_replicate(tmp_path):
         got = {p: [v for _, v in read_partition(c.bootstrap(), topic, p)] for p in range(8)}
         check({p: sent[p] + more[p] for p in sent}, got)
         assert sum(len(v) for v in got.values()) == 1600
+    finally:
+        c.kill()
+
+
+class Netns:
+    """A network namespace joined to the host by a veth pair; `cut` and `heal` take the link
+    down and up again."""
+
+    def __init__(self):
+        tag = os.getpid() % 200 + 20
+        self.name, self.host_if, self.ns_if = f"flns{tag}", f"flh{tag}", f"fln{tag}"
+        self.host, self.inside = f"10.77.{tag}.1", f"10.77.{tag}.2"
+
+    def ip(self, *args, inside=False):
+        prefix = ["ip", "netns", "exec", self.name] if inside else []
+        subprocess.run([*prefix, "ip", *args], check=True, capture_output=True, timeout=10)
+
+    def create(self):
+        self.ip("netns", "add", self.name)
+        self.ip("link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if)
+        self.ip("link", "set", self.ns_if, "netns", self.name)
+        self.ip("addr", "add", f"{self.host}/24", "dev", self.host_if)
+        self.ip("link", "set", self.host_if, "up")
+        self.ip("addr", "add", f"{self.inside}/24", "dev", self.ns_if, inside=True)
+        self.ip("link", "set", self.ns_if, "up", inside=True)
+        self.ip("link", "set", "lo", "up", inside=True)
+
+    def cut(self):
+        self.ip("link", "set", self.host_if, "down")
+
+    def heal(self):
+        self.ip("link", "set", self.host_if, "up")
+
+    def delete(self):
+        for args in (("link", "del", self.host_if), ("netns", "del", self.name)):
+            try:
+                self.ip(*args)
+            except subprocess.CalledProcessError:
+                pass
+
+
+@pytest.fixture
+def netns():
+    ns = Netns()
+    try:
+        ns.create()
+    except (OSError, subprocess.CalledProcessError) as e:
+        ns.delete()
+        pytest.fail(f"cannot make a network namespace (needs root and iproute2): {e}")
+    try:
+        yield ns
+    finally:
+        ns.delete()
+
+
+def test_cut_off_follower_returns_without_taking_leadership(netns, tmp_path):
+    # Nodes 1 and 2 on the host end of the veth, node 3 inside the namespace: cutting the
+    # link cuts node 3 off from both.
+    c = Cluster(tmp_path, extra={"replica.lag.time.max.ms": LAG_MS},
+                hosts={1: netns.host, 2: netns.host, 3: netns.inside}, netns={3: netns.name})  # fmt: skip
+    try:
+        c.start()
+        wait_until(lambda: registered(c, 1, IDS), "all brokers registered")
+        topic = "cut"
+        replicated_topic(c, topic, 6)
+        sent = produce(c.bootstrap(), topic, 6, 600, "a")
+        before = partitions_v8(c, 1, topic)
+        kept = {i: (p["leader"], p["leader_epoch"]) for i, p in before.items() if p["leader"] != 3}
+        assert kept, f"node 3 leads every partition: {before}"
+        netns.cut()
+        # Node 3's partitions move to node 1 or 2; writes go on without node 3, which hears no
+        # leader for longer than its groups' silence limit and election timeout.
+        wait_until(lambda: all(p["leader"] in (1, 2) for p in partitions_v8(c, 1, topic).values()),
+                   "every partition led by node 1 or 2", timeout_s=30)  # fmt: skip
+        more = produce(c.bootstrap(1, 2), topic, 6, 600, "b")
+        time.sleep(8)
+        netns.heal()
+        wait_until(lambda: all_led(c, topic, 6), "node 3 back in every ISR", timeout_s=30)
+        # Pre-Vote: node 3 never raised its term while cut off, so no leader was deposed.
+        after = partitions_v8(c, 1, topic)
+        moved = {i: (after[i]["leader"], after[i]["leader_epoch"]) for i in kept if (after[i]["leader"], after[i]["leader_epoch"]) != kept[i]}
+        assert not moved, f"leaders changed after node 3 returned: {moved} (were {kept})"
+        got = {p: [v for _, v in read_partition(c.bootstrap(), topic, p)] for p in range(6)}
+        check({p: sent[p] + more[p] for p in sent}, got)
     finally:
         c.kill()

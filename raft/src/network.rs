@@ -23,7 +23,10 @@
 //! partitions) and counts reconnections (`liveness`); `heard` tells when each group last
 //! took an append from its leader, or was named in its leader node's coalesced heartbeat
 //! (`beat`: one message per peer per interval for all the quiet groups a node leads there),
-//! which is what quiescent followers watch.
+//! which is what quiescent followers watch. A quiet group has no Raft lease (no heartbeats
+//! renew it), so `heard` also stands in for it: a replica that heard from the rest of its group
+//! within [`PRE_VOTE_GUARD`] refuses Pre-Votes, and a node that merely missed some beats
+//! cannot take a live leader's partition away.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -59,6 +62,10 @@ pub const SERVER_IN_FLIGHT_MAX: usize = 1024;
 const SERVER_IN_FLIGHT_KIB_MAX: usize = 256 << 10;
 /// How long a connect may take before the peer counts as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// A replica that heard from the rest of its group this recently refuses Pre-Votes (see
+/// `Transport::refuses_pre_vote`). Beats come every second, and a follower whose leader died
+/// waits 4 s before it stands, by when the others' guard has run out too.
+const PRE_VOTE_GUARD: Duration = Duration::from_secs(2);
 
 /// A message the wire does not carry in that direction, or a reply of the wrong kind.
 #[derive(Debug, thiserror::Error)]
@@ -114,6 +121,9 @@ pub struct Transport {
     /// When each group last took an append (entries or a heartbeat) from its leader, or was
     /// in its leader node's coalesced heartbeat.
     heard: RefCell<HashMap<GroupId, std::time::Instant>>,
+    /// When a follower of each quiet group this node leads last answered a beat that it
+    /// follows this node in it.
+    followed: RefCell<HashMap<GroupId, std::time::Instant>>,
     forward: RefCell<Option<ForwardHandler>>,
     tasks: Rc<TaskSet>,
 }
@@ -126,6 +136,7 @@ impl Transport {
             keepalive: Cell::new(None),
             groups: RefCell::new(HashMap::new()),
             heard: RefCell::new(HashMap::new()),
+            followed: RefCell::new(HashMap::new()),
             forward: RefCell::new(None),
             tasks: Rc::new(TaskSet::default()),
         })
@@ -170,6 +181,7 @@ impl Transport {
     /// Stops routing RPCs to `group` (it is being shut down or moved).
     pub fn unregister(&self, group: GroupId) -> Option<GroupRaft> {
         self.heard.borrow_mut().remove(&group);
+        self.followed.borrow_mut().remove(&group);
         self.groups.borrow_mut().remove(&group)
     }
 
@@ -270,11 +282,19 @@ impl Transport {
                 "shard {shard} of node {node_id} is not a known peer"
             ));
         };
+        let ids: Vec<GroupId> = groups.iter().map(|(group, _)| *group).collect();
         match peer
             .call(GroupId(0), Message::Beat { leader, groups }, ttl)
             .await
         {
-            Ok(Message::BeatReply(stale)) => Ok(stale),
+            Ok(Message::BeatReply(stale)) => {
+                let now = std::time::Instant::now();
+                let mut followed = self.followed.borrow_mut();
+                for group in ids.into_iter().filter(|g| !stale.contains(g)) {
+                    followed.insert(group, now);
+                }
+                Ok(stale)
+            }
             Ok(other) => Err(format!("unexpected reply {other:?}")),
             Err(e) => Err(e.to_string()),
         }
@@ -394,6 +414,26 @@ impl Transport {
             .collect()
     }
 
+    /// A refusal of a Pre-Vote in `group` while this replica heard from the rest of its group
+    /// within `PRE_VOTE_GUARD`: as a follower of a live leader, from that leader; as a
+    /// leader, from a follower that answered its beat. openraft's own lease does the same
+    /// for a group that heartbeats, but a quiet group sends none.
+    fn refuses_pre_vote(
+        &self,
+        group: GroupId,
+        raft: &GroupRaft,
+    ) -> Option<VoteResponse<PartitionRaft>> {
+        let m = raft.metrics();
+        let m = m.borrow_watched();
+        let last = match m.state {
+            openraft::ServerState::Leader => self.followed.borrow().get(&group).copied(),
+            openraft::ServerState::Follower if m.current_leader.is_some() => self.heard(group),
+            _ => None,
+        };
+        last.is_some_and(|t| t.elapsed() < PRE_VOTE_GUARD)
+            .then(|| VoteResponse::new(m.vote, None, false))
+    }
+
     async fn handle(&self, group: GroupId, message: Message) -> Message {
         if let Message::Ping = message {
             return Message::Pong;
@@ -426,6 +466,15 @@ impl Transport {
                 Ok(reply) => Message::VoteReply(reply),
                 Err(e) => Message::Failed(e.to_string()),
             },
+            Message::PreVote(rpc) => {
+                if let Some(refusal) = self.refuses_pre_vote(group, &raft) {
+                    return Message::VoteReply(refusal);
+                }
+                match raft.pre_vote(rpc).await {
+                    Ok(reply) => Message::VoteReply(reply),
+                    Err(e) => Message::Failed(e.to_string()),
+                }
+            }
             Message::Snapshot { vote, meta } => {
                 let snapshot = Snapshot { meta, snapshot: () };
                 match raft.install_full_snapshot(vote, snapshot).await {
@@ -533,7 +582,9 @@ struct Peer {
     connects: Cell<u64>,
     waiting: RefCell<HashMap<u64, oneshot::Sender<Message>>>,
     next_correlation: Cell<u64>,
-    connecting: Cell<bool>,
+    /// Held while a connection is being made. An async lock, so a caller that gives up
+    /// (openraft drops an RPC past its deadline) lets the next one try.
+    connecting: tokio::sync::Mutex<()>,
 }
 
 impl Peer {
@@ -550,7 +601,7 @@ impl Peer {
             connects: Cell::new(0),
             waiting: RefCell::new(HashMap::new()),
             next_correlation: Cell::new(1),
-            connecting: Cell::new(false),
+            connecting: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -615,19 +666,12 @@ impl Peer {
 
     /// Opens the connection (one at a time; concurrent callers wait for it).
     async fn connect(self: &Rc<Self>) -> std::io::Result<()> {
-        let mut rounds = 0;
-        while self.connecting.get() {
-            assert!(rounds < 10_000, "a connect attempt never finished");
-            glommio::timer::sleep(Duration::from_millis(1)).await;
-            rounds += 1;
-        }
+        let _turn = self.connecting.lock().await;
         if !self.out.borrow().closed.get() {
             return Ok(());
         }
-        self.connecting.set(true);
         let stream =
             GlommioRuntime::timeout(CONNECT_TIMEOUT, TcpStream::connect(self.addr.as_str())).await;
-        self.connecting.set(false);
         let stream = stream
             .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))?
             .map_err(|e| std::io::Error::other(e.to_string()))?;
@@ -789,6 +833,17 @@ impl RaftNetworkV2<PartitionRaft> for PeerClient {
         option: RPCOption,
     ) -> Result<VoteResponse<PartitionRaft>, RPCError<PartitionRaft>> {
         match self.rpc(Message::Vote(rpc), option.hard_ttl()).await? {
+            Message::VoteReply(reply) => Ok(reply),
+            other => Err(wrong_reply(other).into()),
+        }
+    }
+
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<PartitionRaft>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<PartitionRaft>, RPCError<PartitionRaft>> {
+        match self.rpc(Message::PreVote(rpc), option.hard_ttl()).await? {
             Message::VoteReply(reply) => Ok(reply),
             other => Err(wrong_reply(other).into()),
         }

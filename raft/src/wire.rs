@@ -55,6 +55,9 @@ pub enum Message {
     AppendReply(AppendEntriesResponse<PartitionRaft>),
     Vote(VoteRequest<PartitionRaft>),
     VoteReply(VoteResponse<PartitionRaft>),
+    /// Would the receiver grant this vote (Raft's Pre-Vote)? Answered with a `VoteReply`;
+    /// nothing changes on the receiver.
+    PreVote(VoteRequest<PartitionRaft>),
     /// A data-less snapshot (see `state_machine`): the leader's vote and the snapshot's meta.
     Snapshot {
         vote: Vote,
@@ -124,6 +127,7 @@ const PING: u8 = 10;
 const PONG: u8 = 11;
 const BEAT: u8 = 12;
 const BEAT_REPLY: u8 = 13;
+const PRE_VOTE: u8 = 14;
 
 /// Appends `frame`, length prefix included, to `out`; a frame over [`FRAME_BYTES_MAX`] is
 /// not appended.
@@ -135,6 +139,7 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) -> Result<(), WireError> {
         Message::AppendReply(_) => APPEND_REPLY,
         Message::Vote(_) => VOTE,
         Message::VoteReply(_) => VOTE_REPLY,
+        Message::PreVote(_) => PRE_VOTE,
         Message::Snapshot { .. } => SNAPSHOT,
         Message::SnapshotReply(_) => SNAPSHOT_REPLY,
         Message::Failed(_) => FAILED,
@@ -170,7 +175,7 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) -> Result<(), WireError> {
                 put_vote(out, v);
             }
         },
-        Message::Vote(rpc) => {
+        Message::Vote(rpc) | Message::PreVote(rpc) => {
             put_vote(out, &rpc.vote);
             put_log_id(out, rpc.last_log_id.as_ref());
             out.put_u8(u8::from(rpc.leadership_transfer));
@@ -283,13 +288,17 @@ pub fn decode(mut b: Bytes) -> Result<Frame, WireError> {
                 }
             })
         }
-        VOTE => {
+        VOTE | PRE_VOTE => {
             let vote = get_vote(&mut b)?;
             let last_log_id = get_log_id(&mut b)?;
             need(&b, 1)?;
             let mut rpc = VoteRequest::new(vote, last_log_id);
             rpc.leadership_transfer = b.get_u8() != 0;
-            Message::Vote(rpc)
+            if kind == PRE_VOTE {
+                Message::PreVote(rpc)
+            } else {
+                Message::Vote(rpc)
+            }
         }
         VOTE_REPLY => {
             let vote = get_vote(&mut b)?;
@@ -540,6 +549,10 @@ mod tests {
         rpc.leadership_transfer = true;
         let Message::Vote(got) = round_trip(Message::Vote(rpc.clone())).message else {
             panic!("not a vote")
+        };
+        assert_eq!(got, rpc);
+        let Message::PreVote(got) = round_trip(Message::PreVote(rpc.clone())).message else {
+            panic!("not a pre-vote")
         };
         assert_eq!(got, rpc);
         let reply = VoteResponse::new(vote(5, 3), Some(id(4, 10)), true);

@@ -60,6 +60,9 @@ pub struct GroupConfig {
     pub offsets_topic_partitions: i32,
     /// `offsets.topic.segment.bytes` (default 100 MiB).
     pub offsets_topic_segment_bytes: i64,
+    /// `offsets.topic.replication.factor` (default 3), capped at the cluster's size (the
+    /// voters; 1 for a single node).
+    pub offsets_topic_replication_factor: i16,
     /// `offsets.retention.minutes` (default 7 days), in ms: how long the offsets of an empty
     /// group (or of a standalone consumer) are kept after the group emptied or the commit.
     pub offsets_retention_ms: i64,
@@ -100,6 +103,7 @@ impl Default for GroupConfig {
         GroupConfig {
             offsets_topic_partitions: 50,
             offsets_topic_segment_bytes: 104_857_600,
+            offsets_topic_replication_factor: 3,
             offsets_retention_ms: 10_080 * 60_000,
             offsets_retention_check_interval_ms: 600_000,
             offset_metadata_max_bytes: 4096,
@@ -503,7 +507,6 @@ const IGNORED_BROKER_KEYS: &[&str] = &[
     "num.recovery.threads.per.data.dir",
     "socket.send.buffer.bytes",
     "socket.receive.buffer.bytes",
-    "offsets.topic.replication.factor",
     "transaction.state.log.replication.factor",
     "transaction.state.log.min.isr",
     "group.coordinator.rebalance.protocols",
@@ -697,6 +700,10 @@ impl BrokerConfig {
                 "log.roll.ms" => prefer(&mut roll, 2, int(1, i64::MAX)?),
                 "offsets.topic.num.partitions" => {
                     self.group.offsets_topic_partitions = int(1, 100_000)? as i32
+                }
+                "offsets.topic.replication.factor" => {
+                    self.group.offsets_topic_replication_factor =
+                        int(1, i64::from(i16::MAX))? as i16
                 }
                 "offsets.topic.segment.bytes" => {
                     self.group.offsets_topic_segment_bytes = int(1, i64::from(i32::MAX))?

@@ -389,11 +389,13 @@ impl Shard {
             match opened {
                 Ok(p) => {
                     self.partitions.borrow_mut().insert(tp.clone(), p.clone());
-                    if tp.topic == OFFSETS_TOPIC {
+                    if tp.topic == OFFSETS_TOPIC && p.replica.is_none() {
                         // Replayed in the background: until it is done the partition's groups
                         // answer COORDINATOR_LOAD_IN_PROGRESS, and other partitions are served.
-                        self.groups.borrow_mut().start_loading(tp.partition);
-                        glommio::spawn_local(group::load(self.clone(), tp.partition, p)).detach();
+                        // A replicated one is loaded once this node leads it (`group`).
+                        let load = self.groups.borrow_mut().start_loading(tp.partition);
+                        glommio::spawn_local(group::load(self.clone(), tp.partition, p, load))
+                            .detach();
                     }
                 }
                 Err(e) => {

@@ -100,8 +100,9 @@ def produce(bootstrap, topic, partitions, count, tag):
     return sent
 
 
-def consume_all(bootstrap, topic, expected_total, group):
-    """Everything in `topic` through a consumer group: {partition: [values in offset order]}."""
+def consume_all(bootstrap, topic, expected_total, group, commit=False):
+    """Everything in `topic` through a consumer group: {partition: [values in offset order]};
+    with `commit`, the group's position is committed (synchronously) at the end."""
     c = Consumer({
         "bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
         "enable.auto.commit": False,
@@ -119,6 +120,8 @@ def consume_all(bootstrap, topic, expected_total, group):
             continue
         got.setdefault(m.partition(), []).append(m.value().decode())
         total += 1
+    if commit and total:
+        c.commit(asynchronous=False)
     c.close()
     return got
 

@@ -17,6 +17,8 @@ clients, each checked for lost, duplicated and reordered records.
 - acks=1 is answered from the leader's log, without the followers;
 - a follower cut off the network (its own network namespace) for longer than an election
   timeout returns without taking leadership from anyone (Pre-Vote), and misses nothing;
+- `__consumer_offsets` is replicated: a group's committed offsets survive a `kill -9` of its
+  coordinator, and the group carries on at another node;
 - nodes of different shard counts replicate: each shard runs its own groups on its own Raft
   port, and peers follow a node that restarts with another shard count.
 
@@ -32,7 +34,7 @@ import time
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from cluster import Cluster, check, create, metadata, produce, registered
+from cluster import Cluster, check, consume_all, create, metadata, produce, registered
 from conftest import TARGET
 from kafka_wire import METADATA, Connection, metadata_v8, offset_for_leader_epoch, parse_metadata_v8
 from support import CACHE, need, wait_until
@@ -508,3 +510,22 @@ def test_cut_off_follower_returns_without_taking_leadership(netns, tmp_path):
         check({p: sent[p] + more[p] for p in sent}, got)
     finally:
         c.kill()
+
+
+def test_group_offsets_survive_the_coordinator(cluster):
+    topic = "grouped"
+    replicated_topic(cluster, topic, 3)
+    first = produce(cluster.bootstrap(), topic, 3, 300, "g")
+    got = consume_all(cluster.bootstrap(), topic, 300, "survivors", commit=True)
+    check(first, got)
+    admin = cluster.admin(1)
+    coordinator = admin.describe_consumer_groups(["survivors"])["survivors"].result(timeout=30).coordinator.id
+    offsets = cluster.admin(coordinator).list_topics(topic="__consumer_offsets", timeout=10).topics["__consumer_offsets"]
+    assert all(len(p.replicas) == 3 for p in offsets.partitions.values()), "__consumer_offsets is not replicated"
+    cluster.nodes[coordinator].kill9()
+    rest = [i for i in IDS if i != coordinator]
+    more = produce(cluster.bootstrap(*rest), topic, 3, 300, "h")
+    # The group resumes where it committed, through its new coordinator: only the new records.
+    again = consume_all(cluster.bootstrap(*rest), topic, 300, "survivors")
+    assert all(v.startswith("h-") for vs in again.values() for v in vs), "the group's committed offsets were lost"
+    check(more, again)

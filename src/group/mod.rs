@@ -10,6 +10,14 @@
 //! once the append is durable. When a shard opens an offsets partition it replays it (`load`)
 //! and answers COORDINATOR_LOAD_IN_PROGRESS until it is done.
 //!
+//! In a cluster `__consumer_offsets` is replicated like any partition
+//! (`offsets.topic.replication.factor`, default 3, capped at the number of nodes): the
+//! coordinator's appends go through the partition's Raft group and are answered once
+//! committed, and a partition's groups are served by the node leading it. A node loads a
+//! partition's groups once it is a ready leader and drops them when it stops leading
+//! (`follow_leadership`); requests elsewhere get NOT_COORDINATOR, and clients look the
+//! coordinator up again.
+//!
 //! Two group types share the offsets store: classic groups (`classic`, JoinGroup/SyncGroup)
 //! and KIP-848 consumer groups (`consumer`, ConsumerGroupHeartbeat). A group that only has
 //! offsets (a consumer using `assign` and committing) is an empty classic group without a
@@ -190,14 +198,27 @@ impl Group {
 #[derive(Default)]
 pub struct GroupCoordinator {
     pub groups: HashMap<String, Group>,
-    /// Offsets partitions on this shard: false while loading.
+    /// Offsets partitions this shard coordinates: false while loading.
     partitions: HashMap<i32, bool>,
+    /// Which `load` of each partition is the current one (a replicated partition is unloaded
+    /// when its leadership moves away, and may be loaded again before the old load ends).
+    loads: HashMap<i32, u64>,
+    next_load: u64,
 }
 
 impl GroupCoordinator {
-    /// Called when this shard opens an offsets partition, before `load` runs.
-    pub fn start_loading(&mut self, partition: i32) {
+    /// Called before `load` runs for an offsets partition this shard now coordinates (opened
+    /// unreplicated, or led); returns the load's number.
+    pub fn start_loading(&mut self, partition: i32) -> u64 {
+        self.next_load += 1;
         self.partitions.insert(partition, false);
+        self.loads.insert(partition, self.next_load);
+        self.next_load
+    }
+
+    /// Whether load `load` of `partition` is still the current one.
+    fn is_current_load(&self, partition: i32, load: u64) -> bool {
+        self.loads.get(&partition) == Some(&load)
     }
 
     pub fn is_loaded(&self, partition: i32) -> bool {
@@ -394,8 +415,9 @@ impl GroupCoordinator {
     }
 }
 
-/// Called when this shard opens an offsets partition: replays it into the coordinator.
-pub async fn load(shard: Rc<Shard>, index: i32, partition: Rc<Partition>) {
+/// Replays an offsets partition into the coordinator (load number `load`, see
+/// `start_loading`), up to its HW; stops as soon as another load or an unload replaces it.
+pub async fn load(shard: Rc<Shard>, index: i32, partition: Rc<Partition>, load: u64) {
     let started = std::time::Instant::now();
     let end = partition.high_watermark();
     let mut offset = partition.log.start_offset();
@@ -425,6 +447,9 @@ pub async fn load(shard: Rc<Shard>, index: i32, partition: Rc<Partition>) {
                 }
             };
             let mut coordinator = shard.groups.borrow_mut();
+            if !coordinator.is_current_load(index, load) {
+                return; // unloaded (leadership moved, topic deleted) or loading again
+            }
             let decoded = codec::decode_batch(&header, rest, |r| {
                 records += 1;
                 coordinator.replay(index, r, &cfg, now);
@@ -438,6 +463,9 @@ pub async fn load(shard: Rc<Shard>, index: i32, partition: Rc<Partition>) {
         }
     }
     let mut coordinator = shard.groups.borrow_mut();
+    if !coordinator.is_current_load(index, load) {
+        return;
+    }
     coordinator.drop_vacant();
     for g in coordinator
         .groups
@@ -448,14 +476,7 @@ pub async fn load(shard: Rc<Shard>, index: i32, partition: Rc<Partition>) {
             cg.finish_restore();
         }
     }
-    match coordinator.partitions.get_mut(&index) {
-        Some(loaded) => *loaded = true,
-        None => {
-            // The topic was deleted while loading.
-            coordinator.groups.retain(|_, g| g.partition != index);
-            return;
-        }
-    }
+    coordinator.partitions.insert(index, true);
     let groups = coordinator
         .groups
         .values()
@@ -470,11 +491,40 @@ pub async fn load(shard: Rc<Shard>, index: i32, partition: Rc<Partition>) {
     );
 }
 
-/// Called when this shard drops an offsets partition (topic deleted).
+/// Called when this shard stops coordinating an offsets partition (topic deleted, or its
+/// leadership moved to another node).
 pub fn unload(shard: &Shard, index: i32) {
     let mut c = shard.groups.borrow_mut();
     c.partitions.remove(&index);
+    c.loads.remove(&index);
     c.groups.retain(|_, g| g.partition != index);
+}
+
+/// Replicated offsets partitions: this shard coordinates a partition's groups while it leads
+/// it, loading them once it is a ready leader (it has applied everything committed before),
+/// and drops them when it stops leading; clients then find the new coordinator.
+fn follow_leadership(shard: &Rc<Shard>) {
+    for p in shard.replicated_partitions() {
+        if p.topic != OFFSETS_TOPIC {
+            continue;
+        }
+        let leads = p.replica.as_ref().is_some_and(|r| r.is_leader());
+        let coordinated = shard.groups.borrow().partitions.contains_key(&p.index);
+        if leads && !coordinated {
+            tracing::info!(
+                partition = p.index,
+                "leading an offsets partition: loading its groups"
+            );
+            let load_id = shard.groups.borrow_mut().start_loading(p.index);
+            glommio::spawn_local(load(shard.clone(), p.index, p, load_id)).detach();
+        } else if !leads && coordinated {
+            tracing::info!(
+                partition = p.index,
+                "no longer leading an offsets partition: its groups move"
+            );
+            unload(shard, p.index);
+        }
+    }
 }
 
 /// Runs `f` on the shard that coordinates `group_id`, with its offsets partition. Fails with
@@ -495,7 +545,8 @@ where
         topic: OFFSETS_TOPIC.to_string(),
         partition: partition_for(group_id, topic.partitions),
     };
-    // Another node's partition: the client looks the coordinator up again.
+    // Another node's partition, or a replica this node does not lead: the client looks the
+    // coordinator up again.
     let owner = shard
         .owner_of(&image, &tp)
         .map_err(|_| BrokerError::NotCoordinator)?;
@@ -505,6 +556,9 @@ where
             let Some(partition) = s.partition(&tp) else {
                 return async { Err(BrokerError::NotCoordinator) }.boxed_local();
             };
+            if partition.replica.as_ref().is_some_and(|r| !r.is_leader()) {
+                return async { Err(BrokerError::NotCoordinator) }.boxed_local();
+            }
             if !s.groups.borrow().is_loaded(tp.partition) {
                 return async { Err(BrokerError::CoordinatorLoadInProgress) }.boxed_local();
             }
@@ -642,6 +696,7 @@ pub async fn tick_loop(shard: Rc<Shard>) {
     let mut next_snapshot_check = now_ms() + SNAPSHOT_CHECK_MS;
     loop {
         glommio::timer::sleep(Duration::from_millis(TICK_MS)).await;
+        follow_leadership(&shard);
         let now = now_ms();
         let mut classic = Vec::new();
         let mut epochs = Vec::new();
@@ -716,6 +771,11 @@ fn snapshot_partitions(shard: &Rc<Shard>, now: i64) {
         let Some(partition) = offsets_partition(shard, index) else {
             continue;
         };
+        // A Raft log is only shortened through Raft (not built yet): a replicated offsets
+        // partition keeps its whole log, as other replicated partitions do.
+        if partition.replica.is_some() {
+            continue;
+        }
         let logged = partition.log.end_offset() - partition.log.start_offset();
         let live = shard.groups.borrow().live_record_count(index);
         if logged <= 2 * live as i64 + SNAPSHOT_SLACK_RECORDS {

@@ -105,15 +105,6 @@ pub async fn create_topics(
                             None => assign_replicas(&c.state.brokers, 0, partitions, rf, salt)
                                 .map_err(BrokerError::InvalidReplicationFactor)?,
                         };
-                        let rf = replicas.iter().map(|r| r.len()).max().unwrap_or(1) as i16;
-                        // The group coordinator writes its partitions directly, not through
-                        // Raft: `__consumer_offsets` stays unreplicated for now.
-                        if rf > 1 && spec.name == crate::group::OFFSETS_TOPIC {
-                            return Err(BrokerError::InvalidReplicationFactor(format!(
-                                "{} cannot be replicated yet; its replication factor must be 1.",
-                                spec.name
-                            )));
-                        }
                         validate_configs(&spec.configs)?;
                         let id = Uuid::new_v4();
                         if !validate_only {

@@ -1,6 +1,7 @@
 //! FindCoordinator (API 10): a group's coordinator is the node leading its
 //! `__consumer_offsets` partition. The first group lookup creates the topic (through the
-//! controller) with `offsets.topic.num.partitions` partitions, compacted, as Kafka does.
+//! controller) with `offsets.topic.num.partitions` partitions, compacted, replicated
+//! `offsets.topic.replication.factor` times (capped at the cluster's size), as Kafka does.
 //! v4+ looks up many keys at once.
 
 use std::collections::BTreeMap;
@@ -106,11 +107,17 @@ async fn ensure_offsets_topic(ctx: &RequestContext) -> Result<(), BrokerError> {
         ),
         ("compression.type".to_string(), "producer".to_string()),
     ]);
+    // Kafka's default of 3 replicas, capped at the cluster's size so a single node (or a
+    // two-node cluster) works as it is. With fewer live brokers than that the creation fails
+    // (INVALID_REPLICATION_FACTOR) and clients retry, as in Kafka.
+    let cluster_size = ctx.shard.config.voters.len().max(1);
+    let replication_factor = group
+        .offsets_topic_replication_factor
+        .min(i16::try_from(cluster_size).unwrap_or(i16::MAX));
     let spec = TopicSpec {
         name: OFFSETS_TOPIC.to_string(),
         partitions: group.offsets_topic_partitions,
-        // Not replicated yet (the coordinator writes it directly, see admin.rs).
-        replication_factor: 1,
+        replication_factor,
         assignment: None,
         configs,
     };

@@ -24,7 +24,7 @@
 //! (`Replica::replicate`).
 //!
 //! A replicated partition runs on shard `GroupId::shard` of every node that holds it, on that
-//! shard's Raft transport (one connection per pair of shards, see `replication`).
+//! shard's Raft transport (one connection each way per pair of shards, see `replication`).
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};

@@ -8,7 +8,7 @@
 //! `controller.quorum.voters` with the port plus s, so a node of N shards uses N consecutive
 //! ports. A replicated partition lives on shard `GroupId::shard(N)` of every node that holds
 //! it, and peers learn N from the broker registration (`BrokerRecord::shards`): between
-//! nodes of equal shard counts, shard s talks only to shard s, over one connection.
+//! nodes of equal shard counts, shard s talks only to shard s (one connection each way).
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
@@ -47,6 +47,9 @@ pub fn start(shard: &Rc<Shard>) -> anyhow::Result<()> {
             )
         })?;
         let transport = &shard.raft_transport;
+        for (id, addr) in &config.voters {
+            transport.set_address(*id as u64, addr.to_string());
+        }
         transport.serve(listener);
         // Shard 0 pings every voter's shard 0 from the start (controller liveness); the
         // other peer shards are pinged from their first RPC on.

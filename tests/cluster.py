@@ -80,8 +80,10 @@ def create(cluster, node_id, topic, partitions, rf=1):
     return kafka_error_code(futures[topic])
 
 
-def produce(bootstrap, topic, partitions, count, tag):
-    """Keyed records, acks=all and idempotence; returns {partition: [values in send order]}."""
+def produce(bootstrap, topic, partitions, count, tag, targets=None):
+    """Keyed records, acks=all and idempotence, round-robin over `targets` (default: every
+    partition); returns {partition: [values in send order]}."""
+    targets = list(range(partitions)) if targets is None else targets
     p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all"})
     sent = {i: [] for i in range(partitions)}
     failures = []
@@ -93,7 +95,7 @@ def produce(bootstrap, topic, partitions, count, tag):
             sent[msg.partition()].append(msg.value().decode())
 
     for i in range(count):
-        p.produce(topic, value=f"{tag}-{i}".encode(), partition=i % partitions, on_delivery=done)
+        p.produce(topic, value=f"{tag}-{i}".encode(), partition=targets[i % len(targets)], on_delivery=done)
         p.poll(0)
     assert p.flush(60) == 0, "records still in flight after 60 s"
     assert not failures, f"delivery failures: {failures[:3]}"

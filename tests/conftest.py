@@ -50,14 +50,20 @@ STOP_TIMEOUT_S = 30
 APACHE_TEST_CONFIG = ("broker.heartbeat.interval.ms=500", "broker.session.timeout.ms=3000")
 
 
+# Ports handed out so far: a later pick never lands in an earlier one's span.
+_GIVEN_PORTS = set()
+
+
 def free_port(span=1):
     """A free port P on 127.0.0.1 with P+1 .. P+span-1 free too (a ferrolog node's shard s
-    takes Raft traffic at its Raft port + s)."""
+    takes Raft traffic at its Raft port + s), none of them handed out before."""
     while True:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        if port + span <= 65536 and all(_bindable(port + i) for i in range(1, span)):
+        ports = set(range(port, port + span))
+        if port + span <= 65536 and not ports & _GIVEN_PORTS and all(_bindable(p) for p in ports - {port}):
+            _GIVEN_PORTS.update(ports)
             return port
 
 

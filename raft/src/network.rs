@@ -1,5 +1,6 @@
-//! Raft traffic between nodes: one TCP connection per pair of shards carries the RPCs of every
-//! group the two shards host, as [`wire`] frames.
+//! Raft traffic between nodes: the TCP connection a shard opens to a peer shard carries its
+//! RPCs for every group the two shards host, as [`wire`] frames (the peer's requests come
+//! back on the one it opened).
 //!
 //! Each shard of a node runs its own transport and listens at the node's Raft address with
 //! the port plus its shard index (shard 0 at the address `controller.quorum.voters` names). A
@@ -117,6 +118,8 @@ pub struct Transport {
     shards: RefCell<HashMap<u64, usize>>,
     /// How often every peer is pinged, once `keepalive` was called.
     keepalive: Cell<Option<Duration>>,
+    /// Peer nodes' Raft addresses, where known (`set_address`).
+    addresses: RefCell<HashMap<u64, String>>,
     groups: RefCell<HashMap<GroupId, GroupRaft>>,
     /// When each group last took an append (entries or a heartbeat) from its leader, or was
     /// in its leader node's coalesced heartbeat.
@@ -134,6 +137,7 @@ impl Transport {
             peers: RefCell::new(HashMap::new()),
             shards: RefCell::new(HashMap::new()),
             keepalive: Cell::new(None),
+            addresses: RefCell::new(HashMap::new()),
             groups: RefCell::new(HashMap::new()),
             heard: RefCell::new(HashMap::new()),
             followed: RefCell::new(HashMap::new()),
@@ -222,8 +226,18 @@ impl Transport {
         group.shard(shards)
     }
 
-    /// The peer shard hosting `group` on node `node_id`, whose shard 0 listens at `addr`.
+    /// Where node `node_id`'s shard 0 listens, overriding the address a group's membership
+    /// recorded when it was created (which an edited voter list leaves behind): every
+    /// caller then agrees on one peer per node and shard.
+    pub fn set_address(&self, node_id: u64, addr: String) {
+        self.addresses.borrow_mut().insert(node_id, addr);
+    }
+
+    /// The peer shard hosting `group` on node `node_id`, whose shard 0 listens at `addr`
+    /// unless `set_address` said otherwise.
     fn peer(self: &Rc<Self>, node_id: u64, addr: &str, group: GroupId) -> Rc<Peer> {
+        let known = self.addresses.borrow().get(&node_id).cloned();
+        let addr = known.as_deref().unwrap_or(addr);
         let key = (node_id, self.peer_shard(node_id, group));
         if let Some(peer) = self.peers.borrow().get(&key) {
             if peer.node_addr == addr {
@@ -414,15 +428,11 @@ impl Transport {
             .collect()
     }
 
-    /// A refusal of a Pre-Vote in `group` while this replica heard from the rest of its group
-    /// within `PRE_VOTE_GUARD`: as a follower of a live leader, from that leader; as a
-    /// leader, from a follower that answered its beat. openraft's own lease does the same
-    /// for a group that heartbeats, but a quiet group sends none.
-    fn refuses_pre_vote(
-        &self,
-        group: GroupId,
-        raft: &GroupRaft,
-    ) -> Option<VoteResponse<PartitionRaft>> {
+    /// Whether to refuse a Pre-Vote in `group`: this replica heard from the rest of its group
+    /// within `PRE_VOTE_GUARD`, as a follower of a live leader from that leader, as a leader
+    /// from a follower that answered its beat. openraft's own lease does the same for a
+    /// group that heartbeats, but a quiet group sends none.
+    fn refuses_pre_vote(&self, group: GroupId, raft: &GroupRaft) -> bool {
         let m = raft.metrics();
         let m = m.borrow_watched();
         let last = match m.state {
@@ -431,7 +441,6 @@ impl Transport {
             _ => None,
         };
         last.is_some_and(|t| t.elapsed() < PRE_VOTE_GUARD)
-            .then(|| VoteResponse::new(m.vote, None, false))
     }
 
     async fn handle(&self, group: GroupId, message: Message) -> Message {
@@ -455,9 +464,12 @@ impl Transport {
         match message {
             Message::Append(rpc) => match raft.append_entries(rpc).await {
                 Ok(reply) => {
-                    self.heard
-                        .borrow_mut()
-                        .insert(group, std::time::Instant::now());
+                    // Not from a deposed leader whose term this replica has moved past.
+                    if !matches!(reply, AppendEntriesResponse::HigherVote(_)) {
+                        self.heard
+                            .borrow_mut()
+                            .insert(group, std::time::Instant::now());
+                    }
                     Message::AppendReply(reply)
                 }
                 Err(e) => Message::Failed(e.to_string()),
@@ -467,11 +479,14 @@ impl Transport {
                 Err(e) => Message::Failed(e.to_string()),
             },
             Message::PreVote(rpc) => {
-                if let Some(refusal) = self.refuses_pre_vote(group, &raft) {
-                    return Message::VoteReply(refusal);
-                }
+                let refuse = self.refuses_pre_vote(group, &raft);
                 match raft.pre_vote(rpc).await {
-                    Ok(reply) => Message::VoteReply(reply),
+                    // openraft's answer carries this replica's log, which a lagging
+                    // candidate backs off on; only the grant is overruled.
+                    Ok(mut reply) => {
+                        reply.vote_granted &= !refuse;
+                        Message::VoteReply(reply)
+                    }
                     Err(e) => Message::Failed(e.to_string()),
                 }
             }
@@ -675,6 +690,10 @@ impl Peer {
         let stream = stream
             .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))?
             .map_err(|e| std::io::Error::other(e.to_string()))?;
+        if self.retired.get() {
+            // Replaced or shut down while connecting: nobody would ever close this one.
+            return Err(std::io::Error::other("peer retired"));
+        }
         stream.set_nodelay(true)?;
         let (mut reader, writer) = stream.split();
         let out = Rc::new(Outbox::default());

@@ -420,10 +420,18 @@ def test_nodes_with_different_shard_counts_replicate(tmp_path):
         # Without node 2 every commit needs node 1's (moved) replicas and node 3's.
         c.nodes[2].kill9()
         more = produce(c.bootstrap(1, 3), topic, 8, 800, "b")
+        # Node 2 comes back with two shards: half its groups move to shard 1, where the peers
+        # must find them (not at shard 0, which still listens); then without node 3 every
+        # commit needs them.
+        c.nodes[2].cores = 2
         c.nodes[2].start()
+        wait_until(lambda: all_led(c, topic, 8), "every partition led with a full ISR again", timeout_s=30)
+        c.nodes[3].kill9()
+        last = produce(c.bootstrap(1, 2), topic, 8, 800, "c")
+        c.nodes[3].start()
         got = {p: [v for _, v in read_partition(c.bootstrap(), topic, p)] for p in range(8)}
-        check({p: sent[p] + more[p] for p in sent}, got)
-        assert sum(len(v) for v in got.values()) == 1600
+        check({p: sent[p] + more[p] + last[p] for p in sent}, got)
+        assert sum(len(v) for v in got.values()) == 2400
     finally:
         c.kill()
 

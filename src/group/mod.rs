@@ -204,6 +204,9 @@ pub struct GroupCoordinator {
     /// when its leadership moves away, and may be loaded again before the old load ends).
     loads: HashMap<i32, u64>,
     next_load: u64,
+    /// The leader epoch each replicated offsets partition was loaded in: a node that lost
+    /// and regained the lead between two looks may have missed another leader's writes.
+    loaded_epochs: HashMap<i32, i32>,
 }
 
 impl GroupCoordinator {
@@ -497,6 +500,7 @@ pub fn unload(shard: &Shard, index: i32) {
     let mut c = shard.groups.borrow_mut();
     c.partitions.remove(&index);
     c.loads.remove(&index);
+    c.loaded_epochs.remove(&index);
     c.groups.retain(|_, g| g.partition != index);
 }
 
@@ -508,14 +512,26 @@ fn follow_leadership(shard: &Rc<Shard>) {
         if p.topic != OFFSETS_TOPIC {
             continue;
         }
-        let leads = p.replica.as_ref().is_some_and(|r| r.is_leader());
+        let Some(replica) = p.replica.as_ref() else {
+            continue;
+        };
+        let leads = replica.is_leader();
+        let epoch = replica.leader_epoch();
+        let loaded_epoch = shard.groups.borrow().loaded_epochs.get(&p.index).copied();
+        if leads && loaded_epoch.is_some_and(|e| e != epoch) {
+            unload(shard, p.index); // led again in a later term: load afresh
+        }
         let coordinated = shard.groups.borrow().partitions.contains_key(&p.index);
         if leads && !coordinated {
             tracing::info!(
                 partition = p.index,
                 "leading an offsets partition: loading its groups"
             );
-            let load_id = shard.groups.borrow_mut().start_loading(p.index);
+            let load_id = {
+                let mut c = shard.groups.borrow_mut();
+                c.loaded_epochs.insert(p.index, epoch);
+                c.start_loading(p.index)
+            };
             glommio::spawn_local(load(shard.clone(), p.index, p, load_id)).detach();
         } else if !leads && coordinated {
             tracing::info!(

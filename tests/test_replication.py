@@ -47,13 +47,18 @@ TOOLS = "org.apache.kafka.tools"
 IDS = [1, 2, 3]
 
 
+def started(c):
+    """Starts cluster `c` and waits until every broker has registered."""
+    c.start()
+    wait_until(lambda: registered(c, 1, IDS), "all brokers registered")
+    return c
+
+
 @pytest.fixture
 def cluster(tmp_path):
     c = Cluster(tmp_path, extra={"replica.lag.time.max.ms": LAG_MS})
     try:
-        c.start()
-        wait_until(lambda: registered(c, 1, IDS), "all brokers registered")
-        yield c
+        yield started(c)
     finally:
         c.kill()
 
@@ -404,8 +409,7 @@ def established_on(port):
 def test_nodes_with_different_shard_counts_replicate(tmp_path):
     c = Cluster(tmp_path, extra={"replica.lag.time.max.ms": LAG_MS}, cores={1: 2, 2: 1, 3: 2})
     try:
-        c.start()
-        wait_until(lambda: registered(c, 1, IDS), "all brokers registered")
+        started(c)
         topic = "shards"
         replicated_topic(c, topic, 8)
         sent = produce(c.bootstrap(), topic, 8, 800, "a")
@@ -493,8 +497,7 @@ def test_cut_off_follower_returns_without_taking_leadership(netns, tmp_path):
     c = Cluster(tmp_path, extra={"replica.lag.time.max.ms": LAG_MS},
                 hosts={1: netns.host, 2: netns.host, 3: netns.inside}, netns={3: netns.name})  # fmt: skip
     try:
-        c.start()
-        wait_until(lambda: registered(c, 1, IDS), "all brokers registered")
+        started(c)
         topic = "cut"
         replicated_topic(c, topic, 6)
         sent = produce(c.bootstrap(), topic, 6, 600, "a")

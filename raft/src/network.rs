@@ -786,6 +786,18 @@ impl PeerClient {
         self.transport.peer(self.target, &self.addr, self.group)
     }
 
+    /// A `Vote` or `PreVote`, answered by a `VoteReply`.
+    async fn ask_vote(
+        &self,
+        message: Message,
+        option: RPCOption,
+    ) -> Result<VoteResponse<PartitionRaft>, RPCError<PartitionRaft>> {
+        match self.rpc(message, option.hard_ttl()).await? {
+            Message::VoteReply(reply) => Ok(reply),
+            other => Err(wrong_reply(other).into()),
+        }
+    }
+
     async fn rpc(
         &self,
         message: Message,
@@ -851,10 +863,7 @@ impl RaftNetworkV2<PartitionRaft> for PeerClient {
         rpc: VoteRequest<PartitionRaft>,
         option: RPCOption,
     ) -> Result<VoteResponse<PartitionRaft>, RPCError<PartitionRaft>> {
-        match self.rpc(Message::Vote(rpc), option.hard_ttl()).await? {
-            Message::VoteReply(reply) => Ok(reply),
-            other => Err(wrong_reply(other).into()),
-        }
+        self.ask_vote(Message::Vote(rpc), option).await
     }
 
     async fn pre_vote(
@@ -862,10 +871,7 @@ impl RaftNetworkV2<PartitionRaft> for PeerClient {
         rpc: VoteRequest<PartitionRaft>,
         option: RPCOption,
     ) -> Result<VoteResponse<PartitionRaft>, RPCError<PartitionRaft>> {
-        match self.rpc(Message::PreVote(rpc), option.hard_ttl()).await? {
-            Message::VoteReply(reply) => Ok(reply),
-            other => Err(wrong_reply(other).into()),
-        }
+        self.ask_vote(Message::PreVote(rpc), option).await
     }
 
     async fn full_snapshot(

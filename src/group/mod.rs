@@ -508,10 +508,13 @@ pub fn unload(shard: &Shard, index: i32) {
 /// it, loading them once it is a ready leader (it has applied everything committed before),
 /// and drops them when it stops leading; clients then find the new coordinator.
 fn follow_leadership(shard: &Rc<Shard>) {
-    for p in shard.replicated_partitions() {
-        if p.topic != OFFSETS_TOPIC {
-            continue;
-        }
+    let Some(partitions) = shard.image().topic(OFFSETS_TOPIC).map(|t| t.partitions) else {
+        return;
+    };
+    for index in 0..partitions {
+        let Some(p) = offsets_partition(shard, index) else {
+            continue; // another shard's or another node's
+        };
         let Some(replica) = p.replica.as_ref() else {
             continue;
         };

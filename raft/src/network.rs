@@ -595,7 +595,9 @@ struct Peer {
     last_reply: Cell<std::time::Instant>,
     /// Connections made so far: a change means the link broke or the peer restarted.
     connects: Cell<u64>,
-    waiting: RefCell<HashMap<u64, oneshot::Sender<Message>>>,
+    /// RPCs waiting for replies, by correlation id, with the connection (its number in
+    /// `connects`) that carries them.
+    waiting: RefCell<HashMap<u64, (u64, oneshot::Sender<Message>)>>,
     next_correlation: Cell<u64>,
     /// Held while a connection is being made. An async lock, so a caller that gives up
     /// (openraft drops an RPC past its deadline) lets the next one try.
@@ -645,7 +647,10 @@ impl Peer {
         let correlation = self.next_correlation.get();
         self.next_correlation.set(correlation + 1);
         let (tx, rx) = oneshot::channel();
-        self.waiting.borrow_mut().insert(correlation, tx);
+        let connection = self.connects.get();
+        self.waiting
+            .borrow_mut()
+            .insert(correlation, (connection, tx));
         let frame = Frame {
             correlation,
             group,
@@ -699,7 +704,8 @@ impl Peer {
         let out = Rc::new(Outbox::default());
         *self.out.borrow_mut() = out.clone();
         // Not a reply: a stopped process still completes TCP handshakes (its backlog does).
-        self.connects.set(self.connects.get() + 1);
+        let connection = self.connects.get() + 1;
+        self.connects.set(connection);
         let writer_out = out.clone();
         self.tasks.spawn(async move {
             let _ = write_loop(writer, writer_out).await;
@@ -716,7 +722,8 @@ impl Peer {
                 match next {
                     Ok(Some((frame, _))) => {
                         me.last_reply.set(std::time::Instant::now());
-                        if let Some(tx) = me.waiting.borrow_mut().remove(&frame.correlation) {
+                        let waiting = me.waiting.borrow_mut().remove(&frame.correlation);
+                        if let Some((_, tx)) = waiting {
                             let _ = tx.send(frame.message);
                         }
                     }
@@ -728,8 +735,11 @@ impl Peer {
                 }
             }
             out.close();
-            // Dropping the senders fails every RPC still waiting on this connection.
-            me.waiting.borrow_mut().clear();
+            // Dropping the senders fails every RPC still waiting on this connection (not
+            // those a newer connection carries).
+            me.waiting
+                .borrow_mut()
+                .retain(|_, (on, _)| *on != connection);
         });
         Ok(())
     }

@@ -69,7 +69,7 @@ pub fn start(shard: &Rc<Shard>) -> anyhow::Result<()> {
 }
 
 /// Where shard `shard` of a node whose Raft address is `base` listens.
-fn shard_addr(base: SocketAddr, shard: usize) -> Option<SocketAddr> {
+pub fn shard_addr(base: SocketAddr, shard: usize) -> Option<SocketAddr> {
     let port = base.port().checked_add(u16::try_from(shard).ok()?)?;
     Some(SocketAddr::new(base.ip(), port))
 }

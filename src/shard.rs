@@ -460,6 +460,9 @@ impl Shard {
 pub fn run(config: BrokerConfig, cores: usize) -> anyhow::Result<()> {
     std::fs::create_dir_all(&config.log_dir)
         .map_err(|e| anyhow::anyhow!("cannot create log.dirs {}: {e}", config.log_dir.display()))?;
+    // Held until the process exits (the kernel drops the lock with it).
+    let _lock = lock_log_dir(&config.log_dir)?;
+    claim_ports(&config, cores)?;
     // Load (and validate) the cluster state before any executor starts, so a damaged file
     // stops start-up with a clear message.
     let controller = Controller::load(&config.log_dir)?;
@@ -493,6 +496,48 @@ pub fn run(config: BrokerConfig, cores: usize) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("cannot start shards: {e}"))?;
     for r in handles.join_all() {
         r.map_err(|e| anyhow::anyhow!("shard thread failed: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Takes the exclusive lock on `log.dirs/.lock`, as Kafka does: a second broker on the same
+/// directory (a node started twice) stops here instead of writing the same logs.
+fn lock_log_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    let path = dir.join(".lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
+    file.try_lock().map_err(|e| {
+        anyhow::anyhow!(
+            "failed to acquire the lock on {}: another broker is using log.dirs {} ({e})",
+            path.display(),
+            dir.display()
+        )
+    })?;
+    Ok(file)
+}
+
+/// Checks that no other process listens on this broker's ports: the Kafka port, which the
+/// shards share (each binds it with SO_REUSEPORT, and so would a second broker, silently
+/// taking half the connections), and each shard's Raft port. The probe binds without
+/// SO_REUSEPORT, so it fails while any listener holds the port, and a later broker's probe
+/// fails on ours.
+fn claim_ports(config: &BrokerConfig, cores: usize) -> anyhow::Result<()> {
+    let in_use = |addr: std::net::SocketAddr, what: &str| {
+        std::net::TcpListener::bind(addr)
+            .map(drop)
+            .map_err(|e| anyhow::anyhow!("cannot listen on {addr} ({what}): {e}"))
+    };
+    in_use(config.listen_addr, "listeners")?;
+    if let Some(base) = config.voters.get(&config.node_id) {
+        for shard in 0..cores {
+            if let Some(addr) = crate::replication::shard_addr(*base, shard) {
+                in_use(addr, "Raft traffic of a shard: controller.quorum.voters port + shard")?;
+            }
+        }
     }
     Ok(())
 }

@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import KafkaError
 
 from cluster import Cluster, check, consume_all, create, metadata, produce, registered
-from conftest import TARGET
+from conftest import TARGET, Broker
 from support import wait_until
 
 pytestmark = pytest.mark.skipif(TARGET != "ferrolog", reason="needs three ferrolog nodes (see module docs)")
@@ -35,6 +35,38 @@ def test_three_nodes_form_one_cluster(cluster):
     for md in answers:
         for b in md.brokers.values():
             assert b.host == "127.0.0.1" and b.port == cluster.nodes[b.id].port
+
+
+def test_a_node_started_twice_stops_at_start_up(cluster):
+    """A second process of a running node exits at once, saying why: on the node's log.dirs
+    it finds the directory locked (Kafka's `.lock`); on a directory of its own it finds the
+    node's Kafka port or Raft port taken. (Shards bind the Kafka port with SO_REUSEPORT: without
+    the check a second broker would silently share it, and the node's Raft traffic too.)"""
+    ids = [1, 2, 3]
+    wait_until(lambda: registered(cluster, 1, ids), "all brokers registered")
+    node = cluster.nodes[1]
+    cases = {
+        "log.dirs": "another broker is using log.dirs",
+        "kafka-port": "(listeners)",
+        "raft-port": "(Raft traffic of a shard",
+    }
+    for case, why in cases.items():
+        twin = Broker(node.workdir.parent / f"twin-{case}", overrides=node.overrides)
+        twin.workdir.mkdir()
+        if case == "log.dirs":
+            twin.data_dir = node.data_dir
+        elif case == "kafka-port":
+            twin.port, twin.bootstrap = node.port, node.bootstrap
+        twin.launch()
+        try:
+            assert twin.proc.wait(timeout=30) != 0, f"{case}: the second process exited cleanly"
+        finally:
+            twin.proc.kill()
+            twin.proc.wait()
+        assert why in twin.log_tail(), f"{case}:\n{twin.log_tail()}"
+    # The node itself carries on.
+    assert registered(cluster, 1, ids)
+    assert registered(cluster, 2, ids)
 
 
 def test_partitions_spread_and_clients_follow_leaders(cluster):

@@ -522,20 +522,30 @@ fn lock_log_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
 
 /// Checks that no other process listens on this broker's ports: the Kafka port, which the
 /// shards share (each binds it with SO_REUSEPORT, and so would a second broker, silently
-/// taking half the connections), and each shard's Raft port. The probe binds without
-/// SO_REUSEPORT, so it fails while any listener holds the port, and a later broker's probe
-/// fails on ours.
+/// taking half the connections), and each shard's Raft port. A bind cannot tell (the
+/// sockets a killed broker left behind block a plain bind, and SO_REUSEPORT joins a live
+/// listener), so the probe connects: only a listener accepts.
 fn claim_ports(config: &BrokerConfig, cores: usize) -> anyhow::Result<()> {
-    let in_use = |addr: std::net::SocketAddr, what: &str| {
-        std::net::TcpListener::bind(addr)
-            .map(drop)
-            .map_err(|e| anyhow::anyhow!("cannot listen on {addr} ({what}): {e}"))
+    let free = |addr: std::net::SocketAddr, what: &str| {
+        let mut target = addr;
+        if target.ip().is_unspecified() {
+            target.set_ip(match addr {
+                std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+        }
+        match std::net::TcpStream::connect_timeout(&target, Duration::from_secs(1)) {
+            Ok(_) => Err(anyhow::anyhow!(
+                "cannot listen on {addr} ({what}): another process is listening there"
+            )),
+            Err(_) => Ok(()),
+        }
     };
-    in_use(config.listen_addr, "listeners")?;
+    free(config.listen_addr, "listeners")?;
     if let Some(base) = config.voters.get(&config.node_id) {
         for shard in 0..cores {
             if let Some(addr) = crate::replication::shard_addr(*base, shard) {
-                in_use(addr, "Raft traffic of a shard: controller.quorum.voters port + shard")?;
+                free(addr, "Raft traffic of a shard: controller.quorum.voters port + shard")?;
             }
         }
     }

@@ -85,6 +85,10 @@ fn raft_config() -> Arc<openraft::Config> {
     Arc::new(config.validate().expect("valid partition Raft config"))
 }
 
+/// How often the leader samples its log end for the ISR (see `Replica::end_sample`); the
+/// controller's leader reports look every 200 ms.
+const ISR_SAMPLE: Duration = Duration::from_millis(500);
+
 /// How long a leader's group must stay unchanged (no new entries, followers caught up, the
 /// same followers answering on the same connections) before it stops ticking.
 const QUIET_AFTER: Duration = Duration::from_secs(3);
@@ -149,11 +153,13 @@ pub struct Replica {
     proposing: tokio::sync::Mutex<()>,
     /// Where the leader's next proposed batch lands in its log.
     next_offset: Cell<i64>,
-    /// When each follower last had the leader's whole log (leader only).
-    caught_up: RefCell<HashMap<u64, Instant>>,
-    /// The leader's last log index at the previous ISR sample (Kafka's rule: a follower is
-    /// caught up when it has what the leader had a moment ago).
-    previous_end: Cell<Option<u64>>,
+    /// The term this leader judges the ISR in, and when each follower was last caught up.
+    caught_up: RefCell<(u64, HashMap<u64, Instant>)>,
+    /// The leader's last log index a moment ago, and when: Kafka's rule is that a follower
+    /// that has what the leader had then was caught up then. Kafka samples at each follower
+    /// fetch; here the sample is taken at most every `ISR_SAMPLE`, so a follower that trails a
+    /// busy leader by less than that still counts as caught up.
+    end_sample: Cell<Option<(Option<u64>, Instant)>>,
     /// When this leader last reported an ISR-only change to the controller.
     pub isr_reported_at: Cell<Option<Instant>>,
     lag_max: Duration,
@@ -248,8 +254,8 @@ impl Replica {
             resync: Cell::new(false),
             proposing: tokio::sync::Mutex::new(()),
             next_offset: Cell::new(0),
-            caught_up: RefCell::new(HashMap::new()),
-            previous_end: Cell::new(None),
+            caught_up: RefCell::new((0, HashMap::new())),
+            end_sample: Cell::new(None),
             isr_reported_at: Cell::new(None),
             lag_max,
             transport: transport.clone(),
@@ -460,8 +466,8 @@ impl Replica {
         Ok(())
     }
 
-    /// The in-sync replicas as the leader sees them: itself and the followers whose log
-    /// reached its end within `replica.lag.time.max.ms`. Empty on a follower.
+    /// The in-sync replicas as the leader sees them: itself and the followers that had its
+    /// whole log as of some moment within `replica.lag.time.max.ms`. Empty on a follower.
     pub fn in_sync_replicas(&self) -> Vec<i32> {
         let m = self.raft.metrics();
         let m = m.borrow_watched();
@@ -470,30 +476,39 @@ impl Replica {
         }
         let now = Instant::now();
         let mut caught_up = self.caught_up.borrow_mut();
+        let (term, caught_up) = &mut *caught_up;
+        if *term != m.current_term {
+            // A new term: every follower gets lag_max to catch up with this leader.
+            *term = m.current_term;
+            caught_up.clear();
+            self.end_sample.set(None);
+        }
+        let sample = self.end_sample.get();
         let mut isr = vec![self.node_id as i32];
-        let target = self
-            .previous_end
-            .replace(m.last_log_index)
-            .min(m.last_log_index);
-        if let Some(replication) = &m.replication {
-            for (id, matched) in replication {
-                if *id == self.node_id {
-                    continue;
-                }
-                let at_end = matched.map(|l| l.index) >= target;
-                if at_end {
-                    caught_up.insert(*id, now);
-                }
-                // A new leader counts a follower in until it has had lag_max to catch up; a
-                // quiet partition has no traffic to lag behind, so a follower whose node
-                // stopped answering pings leaves too.
-                let since = *caught_up.entry(*id).or_insert(now);
-                if now.duration_since(since) <= self.lag_max
-                    && self.transport.is_alive(*id, self.group, self.lag_max)
-                {
-                    isr.push(*id as i32);
-                }
+        for (id, matched) in m.replication.iter().flatten() {
+            if *id == self.node_id {
+                continue;
             }
+            let matched = matched.map(|l| l.index);
+            let as_of = if matched >= m.last_log_index {
+                Some(now)
+            } else {
+                sample.filter(|(end, _)| matched >= *end).map(|(_, at)| at)
+            };
+            let since = caught_up.entry(*id).or_insert(now);
+            if let Some(at) = as_of {
+                *since = (*since).max(at);
+            }
+            // A quiet partition has no traffic to lag behind, so a follower whose node
+            // stopped answering pings leaves too.
+            if now.duration_since(*since) <= self.lag_max
+                && self.transport.is_alive(*id, self.group, self.lag_max)
+            {
+                isr.push(*id as i32);
+            }
+        }
+        if sample.is_none_or(|(_, at)| now.duration_since(at) >= ISR_SAMPLE) {
+            self.end_sample.set(Some((m.last_log_index, now)));
         }
         isr.sort_unstable();
         isr

@@ -33,6 +33,7 @@ import time
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import NewTopic
 
 from cluster import Cluster, check, consume_all, create, metadata, produce, registered
 from conftest import TARGET
@@ -400,6 +401,34 @@ def test_acks_one_does_not_wait_for_followers(cluster):
     log = wait_until(committed, "the leader's tail committed once its followers returned", timeout_s=30)
     # "no-quorum" timed out at the client but may have reached the leader's log, and commit.
     assert [(o, v) for o, v in log if v != "no-quorum"] == acked, log
+
+
+def test_busy_followers_stay_in_sync(cluster):
+    """Followers that trail a busy leader by a replication round trip are in sync (Kafka's
+    rule: they have what the leader had a moment ago), so acks=all with min.insync.replicas=3
+    keeps being taken through several replica.lag.time.max.ms of back-to-back writes."""
+    topic = "busy-isr"
+    admin = cluster.admin(1)
+    futures = admin.create_topics([NewTopic(topic, 1, 3, config={"min.insync.replicas": "3"})])
+    futures[topic].result(30)
+    wait_until(lambda: all_led(cluster, topic, 1), f"{topic}: led, full ISR")
+    p = Producer({"bootstrap.servers": cluster.bootstrap(), "acks": "all", "enable.idempotence": False,
+                  "linger.ms": 1, "retries": 0})  # fmt: skip
+    errors, acked = [], []
+    on_ack = lambda err, msg: errors.append(err) if err else acked.append(msg.offset())  # noqa: E731
+    deadline = time.monotonic() + 4 * LAG_MS / 1000
+    n = 0
+    while time.monotonic() < deadline:
+        try:
+            p.produce(topic, value=b"%d" % n, partition=0, on_delivery=on_ack)
+            n += 1
+        except BufferError:
+            p.poll(0.01)
+        p.poll(0)
+    assert p.flush(30) == 0
+    assert not errors, f"{len(errors)} of {n} refused, first: {errors[0]}"
+    assert len(acked) == n and acked == sorted(acked), "acknowledged out of order"
+    assert sorted(metadata(1, cluster, topic).topics[topic].partitions[0].isrs) == IDS
 
 
 def established_on(port):

@@ -545,7 +545,10 @@ fn claim_ports(config: &BrokerConfig, cores: usize) -> anyhow::Result<()> {
     if let Some(base) = config.voters.get(&config.node_id) {
         for shard in 0..cores {
             if let Some(addr) = crate::replication::shard_addr(*base, shard) {
-                free(addr, "Raft traffic of a shard: controller.quorum.voters port + shard")?;
+                free(
+                    addr,
+                    "Raft traffic of a shard: controller.quorum.voters port + shard",
+                )?;
             }
         }
     }

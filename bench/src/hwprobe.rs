@@ -70,7 +70,7 @@ impl Aligned {
 
 pub fn run(opts: &HwOpts) -> Result<HwResult> {
     ensure!(
-        opts.block_bytes % DIRECT_IO_ALIGN == 0,
+        opts.block_bytes.is_multiple_of(DIRECT_IO_ALIGN),
         "block size must be a multiple of {DIRECT_IO_ALIGN}"
     );
     std::fs::create_dir_all(&opts.dir)?;

@@ -546,7 +546,7 @@ fn progress_line(
             continue;
         }
         last_printed = secs;
-        if !tty && secs % 5 != 0 {
+        if !tty && !secs.is_multiple_of(5) {
             continue;
         }
         let (pr, _) = p.acked.second(secs as usize - 1);

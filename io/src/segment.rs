@@ -184,7 +184,10 @@ impl Segment {
     /// Loads index files written at close. Returns false (and loads nothing) when a file is
     /// missing or does not fit this segment, so the caller rebuilds from the log.
     pub fn load_indexes(&mut self, index: &[u8], time_index: &[u8], log_size: u64) -> bool {
-        if index.is_empty() || index.len() % 8 != 0 || time_index.len() % 12 != 0 {
+        if index.is_empty()
+            || !index.len().is_multiple_of(8)
+            || !time_index.len().is_multiple_of(12)
+        {
             return false;
         }
         let mut entries = Vec::with_capacity(index.len() / 8);

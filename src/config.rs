@@ -45,8 +45,9 @@ pub struct BrokerConfig {
     /// voter of the controller quorum (Raft group 0), with the address it serves Raft traffic
     /// on. Empty (the default): a cluster of this node alone, with no Raft port.
     pub voters: BTreeMap<i32, SocketAddr>,
-    /// `replica.lag.time.max.ms` (default 30000): a follower whose log has not reached the
-    /// leader's end for this long leaves the ISR.
+    /// `replica.lag.time.max.ms` (default 30000): a follower that has not had the leader's
+    /// whole log (as of a moment before) for this long, or whose node stopped answering
+    /// pings for this long, leaves the ISR.
     pub replica_lag_time_max_ms: u64,
     /// `broker.session.timeout.ms` (default 9000): a node the controller has not heard from
     /// for this long is fenced, and leaves Metadata until it is back.

@@ -5,8 +5,9 @@
 //! - leader = the group's Raft leader; leader epoch = Raft term (`partitionLeaderEpoch` of
 //!   every batch it wrote);
 //! - HW = the offset after the last applied (committed) entry, on every replica;
-//! - ISR = the leader plus the followers whose log reached the leader's end within
-//!   `replica.lag.time.max.ms`;
+//! - ISR = the leader plus the followers that had the leader's whole log as of some moment
+//!   within `replica.lag.time.max.ms` (the leader's end is sampled a moment apart, so a
+//!   follower one round trip behind a busy leader is in sync) and whose node answers pings;
 //! - acks=all answers once the entry is committed, i.e. fsynced on a majority; acks=1 once
 //!   the leader's own log holds it (see `partition::AppendStep`). There is no unclean
 //!   election: Raft only elects a node holding every committed entry.
@@ -85,8 +86,9 @@ fn raft_config() -> Arc<openraft::Config> {
     Arc::new(config.validate().expect("valid partition Raft config"))
 }
 
-/// How often the leader samples its log end for the ISR (see `Replica::end_sample`); the
-/// controller's leader reports look every 200 ms.
+/// How often the leader samples its log end for the ISR at most (see `Replica::end_sample`),
+/// from the quiescence loop and whenever the ISR is asked for (the controller's leader
+/// reports, every 200 ms).
 const ISR_SAMPLE: Duration = Duration::from_millis(500);
 
 /// How long a leader's group must stay unchanged (no new entries, followers caught up, the
@@ -507,11 +509,22 @@ impl Replica {
                 isr.push(*id as i32);
             }
         }
-        if sample.is_none_or(|(_, at)| now.duration_since(at) >= ISR_SAMPLE) {
-            self.end_sample.set(Some((m.last_log_index, now)));
-        }
+        self.sample_end(m.last_log_index, now);
         isr.sort_unstable();
         isr
+    }
+
+    /// Takes a new sample of the leader's log end for the ISR once the last one is old enough
+    /// (see `end_sample`): a quarter of `replica.lag.time.max.ms`, at most `ISR_SAMPLE`.
+    fn sample_end(&self, end: Option<u64>, now: Instant) {
+        let every = ISR_SAMPLE.min(self.lag_max / 4);
+        if self
+            .end_sample
+            .get()
+            .is_none_or(|(_, at)| now.duration_since(at) >= every)
+        {
+            self.end_sample.set(Some((end, now)));
+        }
     }
 
     /// OffsetForLeaderEpoch: (largest epoch <= `epoch`, offset after its last batch).
@@ -551,6 +564,7 @@ impl Replica {
                             .is_some_and(|t| t.elapsed() < LEADER_SILENT)
                 }
                 Some(_) if leading => {
+                    self.sample_end(m.last_log_index, Instant::now());
                     let mut signature = DefaultHasher::new();
                     (m.current_term, m.last_log_index).hash(&mut signature);
                     let mut caught_up = true;

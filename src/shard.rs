@@ -460,9 +460,9 @@ impl Shard {
 pub fn run(config: BrokerConfig, cores: usize) -> anyhow::Result<()> {
     std::fs::create_dir_all(&config.log_dir)
         .map_err(|e| anyhow::anyhow!("cannot create log.dirs {}: {e}", config.log_dir.display()))?;
-    // Held until the process exits (the kernel drops the lock with it).
+    // Both held until the process exits (the kernel drops them with it).
     let _lock = lock_log_dir(&config.log_dir)?;
-    claim_ports(&config, cores)?;
+    let _ports = claim_ports(&config, cores)?;
     // Load (and validate) the cluster state before any executor starts, so a damaged file
     // stops start-up with a clear message.
     let controller = Controller::load(&config.log_dir)?;
@@ -500,8 +500,9 @@ pub fn run(config: BrokerConfig, cores: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Takes the exclusive lock on `log.dirs/.lock`, as Kafka does: a second broker on the same
-/// directory (a node started twice) stops here instead of writing the same logs.
+/// Takes an exclusive lock (flock) on `log.dirs/.lock`, as Kafka takes one on its own: a
+/// second ferrolog on the same directory (a node started twice) stops here instead of
+/// writing the same logs. (Kafka's lock is an fcntl lock, which this one does not exclude.)
 fn lock_log_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
     let path = dir.join(".lock");
     let file = std::fs::OpenOptions::new()
@@ -510,23 +511,39 @@ fn lock_log_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
         .write(true)
         .open(&path)
         .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
-    file.try_lock().map_err(|e| {
-        anyhow::anyhow!(
-            "failed to acquire the lock on {}: another broker is using log.dirs {} ({e})",
+    file.try_lock().map_err(|e| match e {
+        std::fs::TryLockError::WouldBlock => anyhow::anyhow!(
+            "failed to acquire the lock on {}: another broker is using log.dirs {}",
             path.display(),
             dir.display()
-        )
+        ),
+        std::fs::TryLockError::Error(e) => {
+            anyhow::anyhow!("cannot lock {}: {e}", path.display())
+        }
     })?;
     Ok(file)
 }
 
-/// Checks that no other process listens on this broker's ports: the Kafka port, which the
-/// shards share (each binds it with SO_REUSEPORT, and so would a second broker, silently
-/// taking half the connections), and each shard's Raft port. A bind cannot tell (the
-/// sockets a killed broker left behind block a plain bind, and SO_REUSEPORT joins a live
-/// listener), so the probe connects: only a listener accepts.
-fn claim_ports(config: &BrokerConfig, cores: usize) -> anyhow::Result<()> {
-    let free = |addr: std::net::SocketAddr, what: &str| {
+/// Claims this broker's ports, or says who holds them: the Kafka port, which the shards share
+/// (each binds it with SO_REUSEPORT, and so would a second broker, silently taking half the
+/// connections), and each shard's Raft port. Two checks, as a bind cannot tell (the sockets a
+/// killed broker left behind block a plain bind, and SO_REUSEPORT joins a live listener):
+/// - a connect: only a listener accepts, whatever process it is;
+/// - a claim on an abstract Unix socket named after the address, held for the life of the
+///   process (the kernel drops it with the process, and it is per network namespace): a
+///   second ferrolog starting at the same time fails there, though the Kafka listener itself
+///   binds only once the node has its metadata.
+///
+/// Returns the claims, to be kept until exit.
+fn claim_ports(
+    config: &BrokerConfig,
+    cores: usize,
+) -> anyhow::Result<Vec<std::os::unix::net::UnixListener>> {
+    use std::os::linux::net::SocketAddrExt;
+    let claim = |addr: std::net::SocketAddr, what: &str| {
+        let taken = || {
+            anyhow::anyhow!("cannot listen on {addr} ({what}): another process is listening there")
+        };
         let mut target = addr;
         if target.ip().is_unspecified() {
             target.set_ip(match addr {
@@ -534,25 +551,32 @@ fn claim_ports(config: &BrokerConfig, cores: usize) -> anyhow::Result<()> {
                 std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
             });
         }
-        match std::net::TcpStream::connect_timeout(&target, Duration::from_secs(1)) {
-            Ok(_) => Err(anyhow::anyhow!(
-                "cannot listen on {addr} ({what}): another process is listening there"
-            )),
-            Err(_) => Ok(()),
+        if let Ok(s) = std::net::TcpStream::connect_timeout(&target, Duration::from_secs(1)) {
+            // With nothing listening, a connect may pick the port itself as its source port and
+            // reach itself (a TCP self-connect): that is no listener.
+            if s.local_addr().ok() != s.peer_addr().ok() {
+                return Err(taken());
+            }
         }
+        let name =
+            std::os::unix::net::SocketAddr::from_abstract_name(format!("ferrolog-port-{addr}"))?;
+        std::os::unix::net::UnixListener::bind_addr(&name).map_err(|e| match e.kind() {
+            std::io::ErrorKind::AddrInUse => taken(),
+            _ => anyhow::anyhow!("cannot claim {addr} ({what}): {e}"),
+        })
     };
-    free(config.listen_addr, "listeners")?;
+    let mut claims = vec![claim(config.listen_addr, "listeners")?];
     if let Some(base) = config.voters.get(&config.node_id) {
         for shard in 0..cores {
             if let Some(addr) = crate::replication::shard_addr(*base, shard) {
-                free(
+                claims.push(claim(
                     addr,
                     "Raft traffic of a shard: controller.quorum.voters port + shard",
-                )?;
+                )?);
             }
         }
     }
-    Ok(())
+    Ok(claims)
 }
 
 /// On SIGTERM or SIGINT: ask every shard to close its logs (flush, write indexes), wait for

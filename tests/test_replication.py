@@ -20,7 +20,9 @@ clients, each checked for lost, duplicated and reordered records.
 - `__consumer_offsets` is replicated: a group's committed offsets survive a `kill -9` of its
   coordinator, and the group carries on at another node;
 - nodes of different shard counts replicate: each shard runs its own groups on its own Raft
-  port, and peers follow a node that restarts with another shard count.
+  port, and peers follow a node that restarts with another shard count;
+- followers one round trip behind a busy leader stay in the ISR (acks=all with
+  min.insync.replicas=3 keeps working).
 
 ferrolog only, like test_cluster.py.
 """
@@ -358,7 +360,8 @@ def test_acks_one_answers_from_the_leader_and_replicates(cluster):
 def test_acks_one_does_not_wait_for_followers(cluster):
     """With both followers stopped (within the leader's 3.5 s lease, so it still takes the
     batch), acks=1 is answered from the leader's log while acks=all is not; the record stays
-    past the HW, unread, until the followers return and it commits."""
+    past the HW, unread, until the followers return and it commits (or a follower elected
+    meanwhile drops it, which acks=1 allows)."""
     topic = "acks-one-alone"
     t = replicated_topic(cluster, topic, 1)
     leader = t.partitions[0].leader
@@ -392,43 +395,44 @@ def test_acks_one_does_not_wait_for_followers(cluster):
             proc.send_signal(signal.SIGCONT)
     wait_until(lambda: all_led(cluster, topic, 1), "followers back in the ISR", timeout_s=30)
 
-    def committed():
+    def settled():
         # The ISR in Metadata may be the one from before the stop (the controller could not
-        # commit a shrink without its quorum either): wait for the commit itself.
-        log = read_partition(cluster.bootstrap(), topic, 0)
-        return log if any(v == "alone" for _, v in log) else None
+        # commit a shrink without its quorum either): wait for the log itself. "no-quorum"
+        # timed out at the client but may have reached the leader's log, and commit.
+        kept = [(o, v) for o, v in read_partition(cluster.bootstrap(), topic, 0) if v != "no-quorum"]
+        if kept == acked:
+            return True
+        # A follower elected before the leader reached it again lacks "alone", which is then
+        # dropped (acks=1 is not durable, as in Kafka); what acks=all acknowledged stays.
+        moved = metadata(2, cluster, topic).topics[topic].partitions[0].leader != leader
+        return moved and kept == acked[:2]
 
-    log = wait_until(committed, "the leader's tail committed once its followers returned", timeout_s=30)
-    # "no-quorum" timed out at the client but may have reached the leader's log, and commit.
-    assert [(o, v) for o, v in log if v != "no-quorum"] == acked, log
+    wait_until(settled, "every acknowledged record readable once the followers returned", timeout_s=30)
 
 
 def test_busy_followers_stay_in_sync(cluster):
     """Followers that trail a busy leader by a replication round trip are in sync (Kafka's
     rule: they have what the leader had a moment ago), so acks=all with min.insync.replicas=3
-    keeps being taken through several replica.lag.time.max.ms of back-to-back writes."""
+    keeps being taken through several replica.lag.time.max.ms of steady writes (1000 a
+    second: well within what three nodes on this machine sustain)."""
     topic = "busy-isr"
-    admin = cluster.admin(1)
-    futures = admin.create_topics([NewTopic(topic, 1, 3, config={"min.insync.replicas": "3"})])
-    futures[topic].result(30)
+    admin = cluster.admin(1)  # kept alive until the answer is in
+    admin.create_topics([NewTopic(topic, 1, 3, config={"min.insync.replicas": "3"})])[topic].result(30)
     wait_until(lambda: all_led(cluster, topic, 1), f"{topic}: led, full ISR")
     p = Producer({"bootstrap.servers": cluster.bootstrap(), "acks": "all", "enable.idempotence": False,
                   "linger.ms": 1, "retries": 0})  # fmt: skip
     errors, acked = [], []
     on_ack = lambda err, msg: errors.append(err) if err else acked.append(msg.offset())  # noqa: E731
-    deadline = time.monotonic() + 4 * LAG_MS / 1000
-    n = 0
-    while time.monotonic() < deadline:
-        try:
-            p.produce(topic, value=b"%d" % n, partition=0, on_delivery=on_ack)
-            n += 1
-        except BufferError:
-            p.poll(0.01)
-        p.poll(0)
+    rate, seconds = 1000, 4 * LAG_MS / 1000
+    start = time.monotonic()
+    for n in range(int(rate * seconds)):
+        while time.monotonic() < start + n / rate:
+            p.poll(0.0005)
+        p.produce(topic, value=b"%d" % n, partition=0, on_delivery=on_ack)
     assert p.flush(30) == 0
-    assert not errors, f"{len(errors)} of {n} refused, first: {errors[0]}"
-    assert len(acked) == n and acked == sorted(acked), "acknowledged out of order"
-    assert sorted(metadata(1, cluster, topic).topics[topic].partitions[0].isrs) == IDS
+    assert not errors, f"{len(errors)} of {n + 1} refused, first: {errors[0]}"
+    assert len(acked) == n + 1 and acked == sorted(acked), "acknowledged out of order"
+    wait_until(lambda: all_led(cluster, topic, 1), f"{topic}: full ISR after the writes")
 
 
 def established_on(port):

@@ -32,7 +32,7 @@ use ferrolog_io::LogConfig;
 use ferrolog_raft::async_runtime::watch::WatchReceiver;
 use ferrolog_raft::entry::{Batch, Entry};
 use ferrolog_raft::network::{GroupRaft, Transport};
-use ferrolog_raft::state_machine::PartitionStateMachine;
+use ferrolog_raft::state_machine::{Applied, PartitionStateMachine};
 use ferrolog_raft::store::LogStore;
 use ferrolog_raft::wire::GroupId;
 use ferrolog_raft::{openraft, GlommioRuntime};
@@ -185,7 +185,12 @@ impl Quorum {
         let fresh = store.get_log_state().await?.last_log_id.is_none()
             && store.get_log_reader().await.read_vote().await?.is_none();
         let weak: Weak<Shard> = Rc::downgrade(shard);
-        let hook = Box::new(move |entry: &Entry| {
+        let hook = Box::new(move |applied: Applied<'_>| {
+            // The controller's log is never purged, so no snapshot ever stands for entries.
+            let Applied::Entry(entry) = applied else {
+                tracing::error!("the controller was handed a snapshot; its state is in its log");
+                return;
+            };
             let Some(state) = decode_entry(entry) else {
                 return;
             };

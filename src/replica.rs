@@ -24,6 +24,11 @@
 //! first proposal after a quiet spell renews it with one heartbeat round first
 //! (`Replica::replicate`).
 //!
+//! Retention goes through Raft (`Replica::apply_retention`): each replica takes a snapshot
+//! ending at its retention point and lets openraft purge the entries before it; a follower
+//! that needs purged entries gets the leader's snapshot and restarts its log at the leader's
+//! log start (see ferrolog-raft's `state_machine`).
+//!
 //! A replicated partition runs on shard `GroupId::shard` of every node that holds it, on that
 //! shard's Raft transport (one connection each way per pair of shards, see `replication`).
 
@@ -38,9 +43,9 @@ use std::time::{Duration, Instant};
 use ferrolog_io::batch::BatchHeader;
 use ferrolog_io::{Log, LogConfig};
 use ferrolog_raft::async_runtime::watch::WatchReceiver;
-use ferrolog_raft::entry::{Batch, Entry};
+use ferrolog_raft::entry::Batch;
 use ferrolog_raft::network::{GroupRaft, Transport};
-use ferrolog_raft::state_machine::PartitionStateMachine;
+use ferrolog_raft::state_machine::{Applied, NextOffset, PartitionStateMachine};
 use ferrolog_raft::store::{LogStore, StoreView};
 use ferrolog_raft::wire::GroupId;
 use ferrolog_raft::{openraft, GlommioRuntime};
@@ -55,6 +60,9 @@ use crate::types::now_ms;
 
 /// How long a produce waits for its batch to commit before REQUEST_TIMED_OUT.
 const COMMIT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long retention waits for the snapshot it asked for (it only writes a small file).
+const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The Raft group id of a partition: the same on every node, never the controller's 0.
 pub fn group_id(topic_id: &Uuid, partition: i32) -> GroupId {
@@ -75,8 +83,10 @@ fn raft_config() -> Arc<openraft::Config> {
         heartbeat_interval: 500,
         election_timeout_min: 2000,
         election_timeout_max: 3500,
-        // Snapshots carry no data and retention does not purge replicated logs yet.
+        // Retention takes snapshots and purges (`Replica::apply_retention`); openraft
+        // purges nothing on its own.
         snapshot_policy: openraft::SnapshotPolicy::Never,
+        max_in_snapshot_log_to_keep: u64::MAX,
         // A replica stands for election only once a majority would vote for it, so one that
         // missed its leader's beats (or restarted) does not bump the term under a live
         // leader: the transport refuses Pre-Votes while the group hears from its leader.
@@ -200,9 +210,14 @@ impl Replica {
         let hook = {
             let (view, hw, producers) = (view.clone(), hw.clone(), applied_producers.clone());
             let waiters = hw_waiters.clone();
-            Box::new(move |entry: &Entry| {
-                let index = entry.log_id.index;
-                if let Some(end) = view.end_offset(index) {
+            Box::new(move |applied: Applied<'_>| {
+                let (entry, end) = match applied {
+                    Applied::Entry(entry) => (Some(entry), view.end_offset(entry.log_id.index)),
+                    // The log goes on at the snapshot's end; the producer state of the
+                    // entries it covers is gone, as after Kafka's retention.
+                    Applied::Snapshot(NextOffset(next)) => (None, Some(next)),
+                };
+                if let Some(end) = end {
                     if end > hw.get() {
                         hw.set(end);
                         for w in waiters.borrow_mut().drain(..) {
@@ -210,6 +225,8 @@ impl Replica {
                         }
                     }
                 }
+                let Some(entry) = entry else { return };
+                let index = entry.log_id.index;
                 if let EntryPayload::Normal(Batch(bytes)) = &entry.payload {
                     if let (Ok(header), Some(base)) =
                         (BatchHeader::parse(bytes), view.base_offset(index))
@@ -227,7 +244,7 @@ impl Replica {
             raft_config(),
             transport.factory(group),
             store,
-            PartitionStateMachine::with_apply_hook(hook),
+            PartitionStateMachine::open(view.clone(), hook)?,
         )
         .await
         .map_err(std::io::Error::other)?;
@@ -266,6 +283,53 @@ impl Replica {
             calm: Cell::new(None),
         };
         Ok((log, replica))
+    }
+
+    /// Applies `retention.ms` and `retention.bytes` through Raft: the oldest segments past
+    /// either limit, as far as they are committed, go once a snapshot covers them (openraft
+    /// purges the entries and the store moves the log start). Each replica does so on its
+    /// own log, as each Kafka replica applies retention to its own; a follower that later
+    /// needs a purged entry gets the leader's snapshot and starts its log where it ends.
+    pub async fn apply_retention(
+        &self,
+        log: &Log,
+        now: i64,
+        retention_ms: i64,
+        retention_bytes: i64,
+    ) -> std::io::Result<()> {
+        let Some(start) = log
+            .retention_point(now, retention_ms, retention_bytes)
+            .await
+            .map_err(std::io::Error::other)?
+        else {
+            return Ok(());
+        };
+        // Both are batch boundaries; everything below the HW is applied.
+        let start = start.min(self.hw.get());
+        let Some(upto) = self.view.last_index_below(start) else {
+            return Ok(());
+        };
+        let covered = |m: &openraft::RaftMetrics<_>| m.snapshot.is_some_and(|s| s.index >= upto);
+        if !covered(&self.raft.metrics().borrow_watched()) {
+            // Through `upto` only: a follower that takes it still gets the entries kept.
+            self.view.snapshot_through(upto);
+            self.raft
+                .trigger()
+                .snapshot()
+                .await
+                .map_err(std::io::Error::other)?;
+            self.raft
+                .wait(Some(SNAPSHOT_TIMEOUT))
+                .metrics(covered, "a snapshot for retention")
+                .await
+                .map_err(std::io::Error::other)?;
+        }
+        // openraft may hold the purge while a follower is still being sent those entries.
+        self.raft
+            .trigger()
+            .purge_log(upto)
+            .await
+            .map_err(std::io::Error::other)
     }
 
     /// Offset after the last committed batch.

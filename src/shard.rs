@@ -439,16 +439,23 @@ impl Shard {
             let now = now_ms();
             for p in parts {
                 let s = p.settings();
-                // Retention would cut a Raft log under its group: replicated partitions
-                // keep everything until retention goes through Raft (not built yet).
-                if !s.deletes || p.replica.is_some() {
+                if !s.deletes {
                     continue;
                 }
-                if let Err(e) = p
-                    .log
-                    .apply_retention(now, s.retention_ms, s.retention_bytes)
-                    .await
-                {
+                // A replicated log is the Raft log: its prefix goes through Raft.
+                let done = match &p.replica {
+                    Some(r) => {
+                        r.apply_retention(&p.log, now, s.retention_ms, s.retention_bytes)
+                            .await
+                    }
+                    None => p
+                        .log
+                        .apply_retention(now, s.retention_ms, s.retention_bytes)
+                        .await
+                        .map(drop)
+                        .map_err(std::io::Error::other),
+                };
+                if let Err(e) = done {
                     tracing::warn!(topic = %p.topic, partition = p.index, error = %e, "retention failed");
                 }
             }

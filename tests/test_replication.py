@@ -84,11 +84,11 @@ def leader_of(cluster, topic, partition, node_id):
     return t.partitions[partition].leader if t else -1
 
 
-def read_partition(bootstrap, topic, partition):
-    """Every record of one partition, from offset 0 to the end: [(offset, value)]."""
+def read_partition(bootstrap, topic, partition, start=0):
+    """Every record of one partition, from offset `start` to the end: [(offset, value)]."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": "reader", "enable.auto.commit": False,
                   "enable.partition.eof": True})  # fmt: skip
-    c.assign([TopicPartition(topic, partition, 0)])
+    c.assign([TopicPartition(topic, partition, start)])
     out = []
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -582,3 +582,84 @@ def test_group_offsets_survive_the_coordinator(cluster):
     again = consume_all(cluster.bootstrap(*rest), topic, 300, "survivors")
     assert all(v.startswith("h-") for vs in again.values() for v in vs), "the group's committed offsets were lost"
     check(more, again)
+
+
+def stored_batches(node, topic):
+    """{base offset: batch bytes} of every batch in a node's log of `topic`-0, read from its
+    segment files (the active one ends in Direct I/O zero padding)."""
+    (part_dir,) = [d for d in node.data_dir.rglob(f"{topic}-0") if d.is_dir()]
+    batches = {}
+    for seg in sorted(part_dir.glob("*.log")):
+        data, pos = seg.read_bytes(), 0
+        while pos + 12 <= len(data):
+            base, length = int.from_bytes(data[pos : pos + 8], "big"), int.from_bytes(data[pos + 8 : pos + 12], "big")
+            if length == 0:
+                break
+            batches[base] = data[pos : pos + 12 + length]
+            pos += 12 + length
+    return batches
+
+
+def test_retention_purges_replicated_logs_and_a_late_follower_takes_a_snapshot(tmp_path):
+    """retention.bytes on an RF 3 topic deletes old segments through Raft on every replica.
+    A follower that was down meanwhile lacks entries its leader no longer has: it takes the
+    leader's snapshot, starts its log at the leader's log start, and from there holds the
+    leader's batches byte for byte; every record from the earliest offset stays readable,
+    also from a new leader."""
+    c = started(Cluster(tmp_path, extra={"replica.lag.time.max.ms": LAG_MS, "log.retention.check.interval.ms": 500}))
+    try:
+        topic, segment, keep, record, count = "replicated-retention", 1 << 20, 2 << 20, 10_000, 500
+        admin = c.admin(1)  # kept alive until the answer is in
+        configs = {"segment.bytes": str(segment), "retention.bytes": str(keep)}
+        admin.create_topics([NewTopic(topic, 1, 3, config=configs)])[topic].result(30)
+        t = wait_until(lambda: all_led(c, topic, 1), f"{topic}: led, full ISR")
+        leader = t.partitions[0].leader
+        late = next(i for i in IDS if i != leader)
+        c.nodes[late].kill9()
+        p = Producer({"bootstrap.servers": c.bootstrap(), "acks": "all", "enable.idempotence": True, "linger.ms": 5})
+        acked = {}  # offset -> record number (Raft's own entries take offsets too)
+        on_ack = lambda err, msg: acked.__setitem__(msg.offset(), int(msg.value()[:8])) if err is None else None  # noqa: E731
+        for i in range(count):
+            p.produce(topic, value=b"%08d" % i + b"x" * (record - 8), partition=0, on_delivery=on_ack)
+        assert p.flush(60) == 0 and len(acked) == count
+        end = max(acked) + 1
+
+        def watermarks():
+            consumer = Consumer({"bootstrap.servers": c.bootstrap(), "group.id": "unused"})
+            try:
+                return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)
+            finally:
+                consumer.close()
+
+        # Retention runs every 500 ms on each replica and may take more than one pass.
+        wait_until(lambda: (lambda lo, hi: hi == end and (hi - lo) * record <= keep + 2 * segment)(*watermarks()),
+                   "retention through Raft", timeout_s=60)  # fmt: skip
+        low, high = watermarks()
+        assert (high - low) * record >= keep - segment, f"deleted too much: kept {high - low}"
+        for i in IDS:
+            if i != late:
+                held = stored_batches(c.nodes[i], topic)
+                assert min(held) >= low - 100 and len(held) <= count, f"node {i} kept its old segments"
+
+        c.nodes[late].start()
+        wait_until(lambda: all_led(c, topic, 1), "the late follower back in the ISR", timeout_s=60)
+        leader = leader_of(c, topic, 0, 1)
+        # The ISR in Metadata may still be the one from before the kill (it shrinks only after
+        # replica.lag.time.max.ms): wait for the log itself.
+        theirs = stored_batches(c.nodes[leader], topic)
+        wait_until(lambda: max(stored_batches(c.nodes[late], topic), default=-1) == max(theirs),
+                   "the late follower caught up", timeout_s=30)  # fmt: skip
+        ours = stored_batches(c.nodes[late], topic)
+        start = min(ours)
+        assert start >= low, f"the late follower kept batches the leader purged ({start} < {low})"
+        assert {o: b for o, b in theirs.items() if o >= start} == ours, "the late follower's log differs"
+
+        # Every record from the earliest offset on, also from a new leader.
+        c.nodes[leader].kill9()
+        wait_until(lambda: leader_of(c, topic, 0, late) not in (leader, -1, None), "a new leader", timeout_s=30)
+        got = [(o, int(v[:8])) for o, v in read_partition(c.bootstrap(), topic, 0, start=low)]
+        want = sorted((o, i) for o, i in acked.items() if o >= low)
+        assert got == want, f"{len(got)} records from {low}, {len(want)} acknowledged; first {got[:1]} vs {want[:1]}"
+    finally:
+        c.kill()
+

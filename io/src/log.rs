@@ -723,6 +723,27 @@ impl Log {
         retention_ms: i64,
         retention_bytes: i64,
     ) -> Result<usize, LogError> {
+        let new_start = self
+            .retention_point(now_ms, retention_ms, retention_bytes)
+            .await?;
+        match new_start {
+            Some(start) if start > self.start_offset() => {
+                let before = self.state.borrow().segments.len();
+                self.advance_start(start).await?;
+                Ok(before - self.state.borrow().segments.len())
+            }
+            _ => Ok(0),
+        }
+    }
+
+    /// Where `retention.ms` and `retention.bytes` would start the log: after the oldest
+    /// closed, fully durable segments past either limit (a batch boundary), if any.
+    pub async fn retention_point(
+        &self,
+        now_ms: i64,
+        retention_ms: i64,
+        retention_bytes: i64,
+    ) -> Result<Option<i64>, LogError> {
         self.finish_closed_segments().await?;
         let new_start = {
             let st = self.state.borrow();
@@ -745,14 +766,7 @@ impl Log {
             }
             new_start
         };
-        match new_start {
-            Some(start) if start > self.start_offset() => {
-                let before = self.state.borrow().segments.len();
-                self.advance_start(start).await?;
-                Ok(before - self.state.borrow().segments.len())
-            }
-            _ => Ok(0),
-        }
+        Ok(new_start)
     }
 
     async fn delete_segments_below(&self, start: i64) -> Result<(), LogError> {
@@ -802,21 +816,7 @@ impl Log {
                 return Ok(());
             }
         }
-        // Everything appended must be on disk (or failed) before files change under the flusher.
-        let end = self.end_offset();
-        self.wait_durable(end).await?;
-        let mut rounds = 0u32;
-        while self.flushing.get() {
-            if rounds >= 60_000 {
-                return Err(LogError::Io(format!(
-                    "{}: the flusher did not finish within a minute; not truncating",
-                    self.dir.display()
-                )));
-            }
-            glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
-            rounds += 1;
-        }
-        assert_eq!(self.end_offset(), end, "append during truncate");
+        self.quiesce("truncating").await?;
         let (doomed, keep, config) = {
             let mut st = self.state.borrow_mut();
             let keep = st
@@ -873,6 +873,68 @@ impl Log {
             let _ = w.send(());
         }
         tracing::info!(dir = %self.dir.display(), offset, "truncated the log");
+        Ok(())
+    }
+
+    /// Waits until everything appended is on disk (or failed) and the flusher is idle, so
+    /// files can change under it; returns the log end. The caller must not append meanwhile.
+    async fn quiesce(&self, doing: &str) -> Result<i64, LogError> {
+        let end = self.end_offset();
+        self.wait_durable(end).await?;
+        let mut rounds = 0u32;
+        while self.flushing.get() {
+            if rounds >= 60_000 {
+                return Err(LogError::Io(format!(
+                    "{}: the flusher did not finish within a minute; not {doing}",
+                    self.dir.display()
+                )));
+            }
+            glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
+            rounds += 1;
+        }
+        assert_eq!(self.end_offset(), end, "append while {doing}");
+        Ok(end)
+    }
+
+    /// Empties the log and starts it again at `offset`, which may lie past its end (Kafka's
+    /// truncate-fully-and-start-at): Raft uses it when a follower takes a leader's snapshot
+    /// because the entries it lacks are gone from the leader. The caller must not append
+    /// until it returns.
+    ///
+    /// Segments are deleted newest first and the new start is written last, so a crash
+    /// part-way leaves a prefix of the old log (as a truncation would) or an empty log at
+    /// the old start, and the caller starts again.
+    pub async fn restart_at(&self, offset: i64, now_ms: i64) -> Result<(), LogError> {
+        assert!(offset >= 0, "a log cannot start at {offset}");
+        if let Some(e) = &self.state.borrow().failed {
+            return Err(e.clone());
+        }
+        self.quiesce("restarting").await?;
+        let doomed: Vec<Segment> = self.state.borrow_mut().segments.drain(..).collect();
+        for seg in doomed.iter().rev() {
+            remove_files(&[seg.log_path(), seg.index_path(), seg.time_index_path()])?;
+        }
+        {
+            let mut st = self.state.borrow_mut();
+            st.segments.push(Segment::new(&self.dir, offset, now_ms));
+            st.log_start = offset;
+            st.end = offset;
+            st.durable = offset;
+            st.cache.clear();
+            st.cache_bytes = 0;
+            for (_, tx) in st.durable_waiters.drain(..) {
+                let _ = tx.send(Err(LogError::Truncated));
+            }
+            for w in st.change_waiters.drain(..) {
+                let _ = w.send(());
+            }
+        }
+        write_file(
+            &self.dir.join(LOG_START_FILE),
+            offset.to_string().into_bytes(),
+        )
+        .await?;
+        tracing::info!(dir = %self.dir.display(), offset, "restarted the log empty");
         Ok(())
     }
 
@@ -1428,6 +1490,37 @@ mod tests {
             assert_eq!(log.end_offset(), 0);
             append_n(&log, 1, 0).await;
             assert_eq!(read_all(&log, 0).await.len(), 1);
+        });
+    }
+
+    #[test]
+    fn restart_at_past_the_end_and_within() {
+        let dir = tmpdir("restart");
+        run(move || async move {
+            let log = Log::open(&dir, small(), 0).await.unwrap();
+            append_n(&log, 30, 0).await;
+            assert_eq!(log.end_offset(), 60);
+            // Past the end: an empty log whose next batch lands at the new start.
+            log.restart_at(500, 0).await.unwrap();
+            assert_eq!((log.start_offset(), log.end_offset()), (500, 500));
+            assert!(read_all(&log, 500).await.is_empty());
+            append_n(&log, 2, 0).await;
+            assert_eq!(log.end_offset(), 504);
+            log.close().await.unwrap();
+            drop(log);
+            let log = Log::open(&dir, small(), 0).await.unwrap();
+            assert_eq!((log.start_offset(), log.end_offset()), (500, 504));
+            assert_eq!(read_all(&log, 500).await.len(), 2);
+            // Below the end: the batches there are gone too.
+            log.restart_at(502, 0).await.unwrap();
+            assert_eq!((log.start_offset(), log.end_offset()), (502, 502));
+            log.close().await.unwrap();
+            drop(log);
+            let log = Log::open(&dir, small(), 0).await.unwrap();
+            assert_eq!((log.start_offset(), log.end_offset()), (502, 502));
+            let files = std::fs::read_dir(&dir).unwrap().filter_map(Result::ok);
+            let logs = files.filter(|e| e.path().extension().is_some_and(|x| x == "log"));
+            assert!(logs.count() <= 1, "old segment files are gone");
         });
     }
 

@@ -1,7 +1,9 @@
 //! Three nodes in one process, each on its own thread and glommio executor, with real
 //! segment files and real TCP on 127.0.0.1: partition groups elect leaders, replicate
 //! batches to identical logs (same offsets, epochs and bytes on every node), fail over when
-//! a leader's node dies, and bring the node back in step when it returns.
+//! a leader's node dies, and bring the node back in step when it returns, also when the
+//! entries it lacks were purged meanwhile (it takes a snapshot and starts its log at the
+//! leader's offset).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -19,7 +21,7 @@ use openraft::{AsyncRuntime, BasicNode, Config, Raft};
 use crate::entry::test_batch;
 use crate::network::{GroupRaft, Transport};
 use crate::state_machine::PartitionStateMachine;
-use crate::store::LogStore;
+use crate::store::{LogStore, StoreView};
 use crate::wire::GroupId;
 use crate::GlommioRuntime;
 
@@ -32,6 +34,8 @@ enum Command {
     Write(GroupId, i32, oneshot::Sender<Result<u64, String>>),
     /// Last applied index and every stored batch.
     Dump(GroupId, oneshot::Sender<(Option<u64>, Vec<Stored>)>),
+    /// Takes a snapshot through the last applied entry but two, and purges through it.
+    Purge(GroupId, oneshot::Sender<()>),
     Stop,
 }
 
@@ -95,7 +99,8 @@ async fn run_node(id: u64, port: u16, dir: PathBuf, mut commands: mpsc::Receiver
     let listener =
         glommio::net::TcpListener::bind(("127.0.0.1", port)).expect("bind the raft port");
     transport.serve(listener);
-    let mut groups: BTreeMap<GroupId, (GroupRaft, Rc<ferrolog_io::Log>)> = BTreeMap::new();
+    let mut groups: BTreeMap<GroupId, (GroupRaft, Rc<ferrolog_io::Log>, StoreView)> =
+        BTreeMap::new();
     for g in 0..GROUPS {
         let group = GroupId(g);
         let log_config = LogConfig {
@@ -110,23 +115,18 @@ async fn run_node(id: u64, port: u16, dir: PathBuf, mut commands: mpsc::Receiver
         )
         .await
         .expect("open store");
-        let log = store.log().clone();
-        let raft = Raft::new(
-            id,
-            config(),
-            transport.factory(group),
-            store,
-            PartitionStateMachine::default(),
-        )
-        .await
-        .expect("start raft");
+        let (log, view) = (store.log().clone(), store.view());
+        let sm = PartitionStateMachine::open(store.view(), Box::new(|_| {})).expect("open sm");
+        let raft = Raft::new(id, config(), transport.factory(group), store, sm)
+            .await
+            .expect("start raft");
         transport.register(group, raft.clone());
-        groups.insert(group, (raft, log));
+        groups.insert(group, (raft, log, view));
     }
     while let Some(command) = commands.next().await {
         match command {
             Command::Initialize(members) => {
-                for (raft, _) in groups.values() {
+                for (raft, _, _) in groups.values() {
                     raft.initialize(members.clone()).await.expect("initialize");
                 }
             }
@@ -142,7 +142,7 @@ async fn run_node(id: u64, port: u16, dir: PathBuf, mut commands: mpsc::Receiver
                 .detach();
             }
             Command::Dump(g, reply) => {
-                let (raft, log) = &groups[&g];
+                let (raft, log, _) = &groups[&g];
                 let applied = raft
                     .metrics()
                     .borrow_watched()
@@ -170,6 +170,26 @@ async fn run_node(id: u64, port: u16, dir: PathBuf, mut commands: mpsc::Receiver
                     }
                 }
                 let _ = reply.send((applied, batches));
+            }
+            Command::Purge(g, reply) => {
+                let (raft, _, view) = groups[&g].clone();
+                let wait = || raft.wait(Some(Duration::from_secs(20)));
+                let applied = raft.metrics().borrow_watched().last_applied;
+                let upto = applied.expect("something applied").index - 2;
+                view.snapshot_through(upto);
+                raft.trigger().snapshot().await.expect("snapshot");
+                let snapshot = wait()
+                    .metrics(|m| m.snapshot.is_some(), "snapshot")
+                    .await
+                    .expect("snapshot taken")
+                    .snapshot;
+                assert_eq!(snapshot.map(|s| s.index), Some(upto), "snapshot through");
+                raft.trigger().purge_log(upto).await.expect("purge");
+                wait()
+                    .metrics(|m| m.purged.is_some_and(|p| p.index >= upto), "purge")
+                    .await
+                    .expect("purged");
+                let _ = reply.send(());
             }
             Command::Stop => break,
         }
@@ -222,7 +242,11 @@ fn write_batches(nodes: &mut BTreeMap<u64, Node>, n: i32) {
                     .ask(|r| Command::Write(g, 1 + i % 4, r));
                 match result {
                     Ok(_) => break,
-                    Err(e) if e.contains("forward request") && attempts < 20 => attempts += 1,
+                    Err(e) if e.contains("forward request") && attempts < 100 => {
+                        // The nodes' metrics may name a leader a moment before it takes writes.
+                        attempts += 1;
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
                     Err(e) => panic!("write to group {} via node {leader}: {e}", g.0),
                 }
             }
@@ -263,10 +287,9 @@ fn assert_logs_identical(nodes: &mut BTreeMap<u64, Node>) -> Vec<usize> {
     data_batches
 }
 
-#[test]
-fn three_nodes_replicate_fail_over_and_catch_up() {
-    let root = std::env::temp_dir().join(format!("ferrolog-raft-cluster-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
+/// Starts nodes 1-3 under `root` on free ports and has node 1 initialize every group.
+fn start_cluster(root: &std::path::Path) -> (BTreeMap<u64, u16>, BTreeMap<u64, Node>) {
+    let _ = std::fs::remove_dir_all(root);
     let ports: BTreeMap<u64, u16> = (1..=3).map(|id| (id, free_port())).collect();
     let mut nodes: BTreeMap<u64, Node> = ports
         .iter()
@@ -282,6 +305,13 @@ fn three_nodes_replicate_fail_over_and_catch_up() {
         .commands
         .try_send(Command::Initialize(members))
         .unwrap();
+    (ports, nodes)
+}
+
+#[test]
+fn three_nodes_replicate_fail_over_and_catch_up() {
+    let root = std::env::temp_dir().join(format!("ferrolog-raft-cluster-{}", std::process::id()));
+    let (ports, mut nodes) = start_cluster(&root);
 
     write_batches(&mut nodes, 20);
     let _ = assert_logs_identical(&mut nodes);
@@ -303,6 +333,68 @@ fn three_nodes_replicate_fail_over_and_catch_up() {
     let data = assert_logs_identical(&mut nodes);
     // Every acknowledged write is in every log exactly once (client_write does not retry).
     assert_eq!(data, vec![35; GROUPS as usize], "data batches per group");
+    for (_, mut n) in nodes {
+        n.stop();
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[test]
+fn a_node_behind_the_purged_log_takes_a_snapshot() {
+    let root = std::env::temp_dir().join(format!("ferrolog-raft-purge-{}", std::process::id()));
+    let (ports, mut nodes) = start_cluster(&root);
+    let start = |id: u64| Node::start(id, ports[&id], root.join(format!("node-{id}")));
+    write_batches(&mut nodes, 20);
+    let _ = assert_logs_identical(&mut nodes);
+
+    // Node 3 misses 10 batches, and the others purge everything they applied.
+    let mut away = nodes.remove(&3).unwrap();
+    away.stop();
+    write_batches(&mut nodes, 10);
+    for g in (0..GROUPS).map(GroupId) {
+        for n in nodes.values_mut() {
+            n.ask(|r| Command::Purge(g, r));
+        }
+    }
+    // It comes back with its old log: the leaders send snapshots, it restarts its logs at
+    // their offsets, and the next batches land at the same offsets everywhere.
+    nodes.insert(3, start(3));
+    write_batches(&mut nodes, 5);
+    let data = assert_logs_identical(&mut nodes);
+    // The two entries kept past each purge, and the five new ones.
+    assert!(
+        data.iter().all(|&d| d >= 7),
+        "kept and new batches in every log: {data:?}"
+    );
+    let dump = |nodes: &mut BTreeMap<u64, Node>| {
+        nodes
+            .get_mut(&3)
+            .unwrap()
+            .ask(|r| Command::Dump(GroupId(0), r))
+    };
+    let (_, before) = dump(&mut nodes);
+    assert!(
+        before[0].base_offset > 0,
+        "node 3's log starts past the purge"
+    );
+
+    // A restart of every node resumes from the kept snapshots.
+    for n in nodes.values_mut() {
+        n.stop();
+    }
+    let mut nodes: BTreeMap<u64, Node> = ports.keys().map(|&id| (id, start(id))).collect();
+    write_batches(&mut nodes, 2);
+    let again = assert_logs_identical(&mut nodes);
+    assert!(
+        again.iter().zip(&data).all(|(a, d)| a >= d),
+        "{again:?} after {data:?}"
+    );
+    let (_, after) = dump(&mut nodes);
+    assert_eq!(
+        after[..before.len()],
+        before[..],
+        "node 3's log survived the restart"
+    );
     for (_, mut n) in nodes {
         n.stop();
     }

@@ -8,7 +8,8 @@
 //!   entries as control batches), so the partition log is the Raft log with no second copy.
 //! - [`store`]: `LogStore`, openraft's log storage over io/'s `Log`; passes openraft's
 //!   log-store suite (`openraft::testing::log::Suite`).
-//! - [`state_machine`]: the commit point of a partition, which becomes its high watermark.
+//! - [`state_machine`]: the commit point of a partition, which becomes its high watermark,
+//!   and its snapshots (the offset a purged log goes on at).
 //! - [`wire`] and [`network`]: Raft traffic between nodes, every group of a shard over one
 //!   connection per peer, with writes coalesced.
 //!
@@ -28,10 +29,10 @@
 //!   transport counts as hearing from each group's leader (see `ferrolog::replica`). A quiet
 //!   leader's lease runs out, so its first proposal after a quiet spell waits for one
 //!   heartbeat round to renew it; the lease cannot be fed from the coalesced beat.
-//!
-//! Not built yet: a snapshot that tells a lagging follower which Kafka offset to resume at
-//! (snapshots carry no data, and logs are never purged, so none is needed until retention
-//! goes through Raft).
+//! - A snapshot carries no data, only the Kafka offset after its last entry: the partition
+//!   log is the state. Retention purges a log prefix through openraft (snapshot, then
+//!   `purge_log`); a follower that needs a purged entry takes the snapshot and restarts its
+//!   log empty at that offset, as a Kafka follower behind its leader's log start does.
 pub mod entry;
 pub mod network;
 pub mod runtime;

@@ -47,7 +47,7 @@ use openraft::raft::{
 use openraft::{AsyncRuntime, BasicNode, Raft, Snapshot};
 use tokio::sync::{oneshot, Notify, Semaphore};
 
-use crate::state_machine::PartitionStateMachine;
+use crate::state_machine::{NextOffset, PartitionStateMachine};
 use crate::store::Vote;
 use crate::wire::{self, Frame, GroupId, Message, Meta};
 use crate::{GlommioRuntime, PartitionRaft};
@@ -490,8 +490,15 @@ impl Transport {
                     Err(e) => Message::Failed(e.to_string()),
                 }
             }
-            Message::Snapshot { vote, meta } => {
-                let snapshot = Snapshot { meta, snapshot: () };
+            Message::Snapshot {
+                vote,
+                meta,
+                next_offset,
+            } => {
+                let snapshot = Snapshot {
+                    meta,
+                    snapshot: NextOffset(next_offset),
+                };
                 match raft.install_full_snapshot(vote, snapshot).await {
                     Ok(reply) => Message::SnapshotReply(reply),
                     Err(e) => Message::Failed(e.to_string()),
@@ -835,7 +842,7 @@ fn wrong_reply(reply: Message) -> NetworkError<PartitionRaft> {
 }
 
 impl RaftNetworkV2<PartitionRaft> for PeerClient {
-    type SnapshotData = ();
+    type SnapshotData = NextOffset;
 
     async fn append_entries(
         &mut self,
@@ -887,7 +894,7 @@ impl RaftNetworkV2<PartitionRaft> for PeerClient {
     async fn full_snapshot(
         &mut self,
         vote: Vote,
-        snapshot: Snapshot<crate::CommittedLeaderId, u64, BasicNode, ()>,
+        snapshot: Snapshot<crate::CommittedLeaderId, u64, BasicNode, NextOffset>,
         _cancel: impl std::future::Future<Output = ReplicationClosed> + 'static,
         option: RPCOption,
     ) -> Result<SnapshotResponse<PartitionRaft>, StreamingError<PartitionRaft>> {
@@ -896,7 +903,11 @@ impl RaftNetworkV2<PartitionRaft> for PeerClient {
             .peer()
             .call(
                 self.group,
-                Message::Snapshot { vote, meta },
+                Message::Snapshot {
+                    vote,
+                    meta,
+                    next_offset: snapshot.snapshot.0,
+                },
                 option.hard_ttl(),
             )
             .await?;

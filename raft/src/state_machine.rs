@@ -2,39 +2,66 @@
 //! applying an entry only records how far the log is committed: `last_applied` is what the
 //! partition turns into its high watermark. Membership is kept because openraft asks for it.
 //!
-//! Snapshots carry no data (`SnapshotData = ()`): the log itself is the state. A follower that
-//! falls behind the leader's log start will need the Kafka offset to resume at; carrying it in
-//! the snapshot is not built yet (see the crate docs).
+//! A snapshot holds no data either: its meta (last entry, membership) and the Kafka offset
+//! after its last entry ([`NextOffset`]). Retention takes one so openraft may purge the log
+//! prefix it covers; a follower that needs a purged entry gets the snapshot instead, and its
+//! log starts again at that offset (`LogStore::purge`), so offsets stay the leader's. A
+//! partition's snapshot is kept in `raft-snapshot` beside its log (written before openraft
+//! purges anything it covers), so a restarted replica resumes from it.
+//!
+//! The controller's state machine (`with_apply_hook`, no store) keeps its snapshots in memory
+//! only: its log is never purged, so openraft never needs one.
 
 use std::io;
+use std::path::PathBuf;
 
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use futures::{Stream, StreamExt};
 use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine, Snapshot};
 use openraft::{RaftTypeConfig, SnapshotMeta, StoredMembership};
 
 use crate::entry::{Entry, EntryLogId};
-use crate::PartitionRaft;
+use crate::store::StoreView;
+use crate::{wire, PartitionRaft};
 
 type Node = <PartitionRaft as RaftTypeConfig>::Node;
 type Stored = StoredMembership<crate::CommittedLeaderId, u64, Node>;
 type Meta = SnapshotMeta<crate::CommittedLeaderId, u64, Node>;
-type PartitionSnapshot = Snapshot<crate::CommittedLeaderId, u64, Node, ()>;
+type PartitionSnapshot = Snapshot<crate::CommittedLeaderId, u64, Node, NextOffset>;
 
-/// Called with each committed entry, in log order, on every replica.
-pub type ApplyHook = Box<dyn FnMut(&Entry)>;
+/// File holding a partition's latest snapshot.
+const SNAPSHOT_FILE: &str = "raft-snapshot";
+const SNAPSHOT_VERSION: u8 = 0;
+
+/// What a partition snapshot carries: the Kafka offset after its last entry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NextOffset(pub i64);
+
+/// What the partition on top hears of, in log order, on every replica.
+pub enum Applied<'a> {
+    /// A committed entry.
+    Entry(&'a Entry),
+    /// A snapshot took the place of the entries up to it: the log goes on at this offset.
+    Snapshot(NextOffset),
+}
+
+/// Called with each committed entry and each snapshot installed.
+pub type ApplyHook = Box<dyn FnMut(Applied<'_>)>;
 
 /// How far a partition's log is committed (applied) and its latest membership.
 #[derive(Default)]
 pub struct PartitionStateMachine {
     last_applied: Option<EntryLogId>,
     membership: Stored,
-    snapshot: Option<Meta>,
+    snapshot: Option<(Meta, NextOffset)>,
     on_apply: Option<ApplyHook>,
+    /// The partition's log: where a snapshot's offset comes from and where it is kept.
+    store: Option<StoreView>,
 }
 
 impl PartitionStateMachine {
     /// A state machine that also hands every committed entry to `hook` (the controller
-    /// applies its metadata records this way).
+    /// applies its metadata records this way). Its snapshots live in memory only.
     pub fn with_apply_hook(hook: ApplyHook) -> PartitionStateMachine {
         PartitionStateMachine {
             on_apply: Some(hook),
@@ -42,21 +69,111 @@ impl PartitionStateMachine {
         }
     }
 
+    /// The state machine of a partition whose log `store` is: its latest snapshot comes back
+    /// from disk (openraft installs it at start-up), and `hook` hears of every entry applied
+    /// and snapshot installed.
+    pub fn open(store: StoreView, hook: ApplyHook) -> io::Result<PartitionStateMachine> {
+        let path = snapshot_path(&store);
+        let snapshot = match std::fs::read(&path) {
+            Ok(bytes) => Some(decode_snapshot(&bytes).map_err(|e| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{}: {e}", path.display()),
+                )
+            })?),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e),
+        };
+        Ok(PartitionStateMachine {
+            on_apply: Some(hook),
+            store: Some(store),
+            snapshot,
+            ..PartitionStateMachine::default()
+        })
+    }
+
     /// The last applied (committed) entry.
     pub fn last_applied(&self) -> Option<EntryLogId> {
         self.last_applied
     }
 
-    fn meta(&self) -> Meta {
+    /// The snapshot to take now: through the entry retention asked for (`snapshot_through`)
+    /// or else the last applied one. It names the current membership, so it never ends
+    /// before the entry that set it (partition groups set theirs once, at creation).
+    fn current(&self) -> (Meta, NextOffset) {
+        let (last, next) = match (&self.store, self.last_applied) {
+            (Some(store), Some(applied)) => {
+                let wanted = store
+                    .snapshot_to()
+                    .map_or(applied.index, |i| i.min(applied.index));
+                let at = wanted.max(self.membership.log_id().map_or(0, |m| m.index));
+                let earlier = (at < applied.index)
+                    .then(|| Some((store.log_id(at)?, store.end_offset(at)?)))
+                    .flatten();
+                earlier.unwrap_or_else(|| {
+                    let end = store.end_offset(applied.index);
+                    (
+                        applied,
+                        end.expect("an applied entry is in the log or at its start"),
+                    )
+                })
+            }
+            (_, applied) => return (self.meta(applied), NextOffset(0)),
+        };
+        (self.meta(Some(last)), NextOffset(next))
+    }
+
+    fn meta(&self, last_log_id: Option<EntryLogId>) -> Meta {
         SnapshotMeta {
-            last_log_id: self.last_applied,
+            last_log_id,
             last_membership: self.membership.clone(),
         }
     }
 }
 
+fn snapshot_path(store: &StoreView) -> PathBuf {
+    store.dir().join(SNAPSHOT_FILE)
+}
+
+fn encode_snapshot(meta: &Meta, next: NextOffset) -> Vec<u8> {
+    let mut out = BytesMut::new();
+    out.put_u8(SNAPSHOT_VERSION);
+    wire::put_snapshot(&mut out, meta, next.0);
+    let crc = crc32c::crc32c(&out);
+    out.put_u32(crc);
+    out.to_vec()
+}
+
+fn decode_snapshot(bytes: &[u8]) -> Result<(Meta, NextOffset), String> {
+    let (body, crc) = bytes
+        .split_at_checked(bytes.len().saturating_sub(4))
+        .filter(|(body, _)| !body.is_empty())
+        .ok_or("too short")?;
+    if crc32c::crc32c(body) != u32::from_be_bytes(crc.try_into().expect("4 bytes")) {
+        return Err("checksum mismatch".into());
+    }
+    if body[0] != SNAPSHOT_VERSION {
+        return Err(format!("unknown version {}", body[0]));
+    }
+    let mut rest = Bytes::copy_from_slice(&body[1..]);
+    let (meta, next) = wire::get_snapshot(&mut rest).map_err(|e| e.to_string())?;
+    if rest.has_remaining() {
+        return Err("trailing bytes".into());
+    }
+    Ok((meta, NextOffset(next)))
+}
+
+async fn persist(store: &Option<StoreView>, meta: &Meta, next: NextOffset) -> io::Result<()> {
+    match store {
+        Some(store) => ferrolog_io::write_file(&snapshot_path(store), encode_snapshot(meta, next))
+            .await
+            .map_err(io::Error::other),
+        None => Ok(()),
+    }
+}
+
 impl RaftStateMachine<PartitionRaft> for PartitionStateMachine {
-    type SnapshotData = ();
+    type SnapshotData = NextOffset;
     type SnapshotBuilder = SnapshotTaker;
 
     async fn applied_state(&mut self) -> io::Result<(Option<EntryLogId>, Stored)> {
@@ -79,7 +196,7 @@ impl RaftStateMachine<PartitionRaft> for PartitionStateMachine {
             }
             self.last_applied = Some(entry.log_id);
             if let Some(hook) = &mut self.on_apply {
-                hook(&entry);
+                hook(Applied::Entry(&entry));
             }
             if let Some(r) = responder {
                 r.send(());
@@ -89,40 +206,94 @@ impl RaftStateMachine<PartitionRaft> for PartitionStateMachine {
     }
 
     async fn get_snapshot_builder(&mut self) -> SnapshotTaker {
-        SnapshotTaker(self.meta())
+        let (meta, next) = self.current();
+        SnapshotTaker {
+            meta,
+            next,
+            store: self.store.clone(),
+        }
     }
 
     async fn try_create_snapshot_builder(&mut self, _force: bool) -> Option<SnapshotTaker> {
-        // The builder's snapshot becomes the current one as soon as it is taken.
-        self.snapshot = Some(self.meta());
-        Some(SnapshotTaker(self.meta()))
+        // The builder's snapshot becomes the current one as soon as it is taken; openraft
+        // purges nothing it covers before the builder has kept it.
+        let taker = self.get_snapshot_builder().await;
+        self.snapshot = Some((taker.meta.clone(), taker.next));
+        Some(taker)
     }
 
-    async fn install_snapshot(&mut self, meta: &Meta, _snapshot: ()) -> io::Result<()> {
+    async fn install_snapshot(&mut self, meta: &Meta, next: NextOffset) -> io::Result<()> {
+        // Kept first: openraft purges the entries it covers once this returns.
+        persist(&self.store, meta, next).await?;
+        if let (Some(store), Some(last)) = (&self.store, meta.last_log_id) {
+            store.note_snapshot(last.index, next.0);
+        }
         self.last_applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
-        self.snapshot = Some(meta.clone());
+        self.snapshot = Some((meta.clone(), next));
+        if let Some(hook) = &mut self.on_apply {
+            hook(Applied::Snapshot(next));
+        }
         Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> io::Result<Option<PartitionSnapshot>> {
-        Ok(self
-            .snapshot
-            .clone()
-            .map(|meta| Snapshot { meta, snapshot: () }))
+        Ok(self.snapshot.clone().map(|(meta, next)| Snapshot {
+            meta,
+            snapshot: next,
+        }))
     }
 }
 
-/// Builds the (data-less) snapshot of the state at the time it was created.
-pub struct SnapshotTaker(Meta);
+/// Builds the snapshot of the state at the time it was created, and keeps it on disk.
+pub struct SnapshotTaker {
+    meta: Meta,
+    next: NextOffset,
+    store: Option<StoreView>,
+}
 
 impl RaftSnapshotBuilder<PartitionRaft> for SnapshotTaker {
-    type SnapshotData = ();
+    type SnapshotData = NextOffset;
 
     async fn build_snapshot(&mut self) -> io::Result<PartitionSnapshot> {
+        persist(&self.store, &self.meta, self.next).await?;
+        if let (Some(store), Some(last)) = (&self.store, self.meta.last_log_id) {
+            store.note_snapshot(last.index, self.next.0);
+        }
         Ok(Snapshot {
-            meta: self.0.clone(),
-            snapshot: (),
+            meta: self.meta.clone(),
+            snapshot: self.next,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::CommittedLeaderId;
+    use openraft::{BasicNode, Membership};
+    use std::collections::{BTreeMap, BTreeSet};
+
+    #[test]
+    fn snapshot_file_round_trips_and_damage_is_refused() {
+        let nodes: BTreeMap<u64, BasicNode> = (1..=3)
+            .map(|i| (i, BasicNode::new(format!("n{i}"))))
+            .collect();
+        let members = Membership::new(vec![BTreeSet::from([1, 2, 3])], nodes).unwrap();
+        let meta = Meta {
+            last_log_id: Some(EntryLogId::new(CommittedLeaderId::new(4), 90)),
+            last_membership: StoredMembership::new(
+                Some(EntryLogId::new(CommittedLeaderId::new(1), 1)),
+                members,
+            ),
+        };
+        let bytes = encode_snapshot(&meta, NextOffset(12_345));
+        assert_eq!(decode_snapshot(&bytes).unwrap(), (meta, NextOffset(12_345)));
+        for cut in [0, 1, 4, bytes.len() - 1] {
+            assert!(decode_snapshot(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut flipped = bytes.clone();
+        flipped[5] ^= 1;
+        assert!(decode_snapshot(&flipped).is_err());
     }
 }

@@ -65,6 +65,10 @@ struct Inner {
     positions: VecDeque<(i64, u64)>,
     /// Entries appended but perhaps not yet durable: (index, offset after the batch, entry).
     unflushed: VecDeque<(u64, i64, Entry)>,
+    /// The latest snapshot's last index and the Kafka offset after it (`StoreView::note_snapshot`).
+    snapshot: Option<(u64, i64)>,
+    /// The entry retention wants the next snapshot to end at (`StoreView::snapshot_through`).
+    snapshot_to: Option<u64>,
 }
 
 impl Inner {
@@ -119,9 +123,46 @@ impl StoreView {
         inner.positions.get(i).map(|p| p.0)
     }
 
+    /// The partition directory.
+    pub fn dir(&self) -> &Path {
+        self.log.dir()
+    }
+
+    /// The state machine took (or installed) a snapshot up to entry `index`, after which
+    /// the log goes on at `next_offset`: a purge through `index` past the log end restarts
+    /// the log there.
+    pub fn note_snapshot(&self, index: u64, next_offset: i64) {
+        self.inner.borrow_mut().snapshot = Some((index, next_offset));
+    }
+
+    /// Retention will purge through entry `index`: the next snapshot ends there rather than
+    /// at the last applied entry, so a follower that takes it starts its log where the
+    /// leader's starts and still gets every entry the leader keeps.
+    pub fn snapshot_through(&self, index: u64) {
+        self.inner.borrow_mut().snapshot_to = Some(index);
+    }
+
+    /// Where retention wants the next snapshot to end, if anywhere.
+    pub fn snapshot_to(&self) -> Option<u64> {
+        self.inner.borrow().snapshot_to
+    }
+
+    /// The id of entry `index`, if the log holds it or it is the last purged one.
+    pub fn log_id(&self, index: u64) -> Option<EntryLogId> {
+        let inner = self.inner.borrow();
+        if index >= inner.meta.first_index && index < inner.next_index() {
+            return Some(inner.log_id(index));
+        }
+        inner.meta.purged.filter(|p| p.index == index)
+    }
+
     /// Kafka offset after entry `index`'s batch: the high watermark once it is committed.
+    /// For the last purged entry it is where the log starts.
     pub fn end_offset(&self, index: u64) -> Option<i64> {
         let inner = self.inner.borrow();
+        if index.checked_add(1) == Some(inner.meta.first_index) {
+            return Some(inner.meta.first_offset);
+        }
         let i = index.checked_sub(inner.meta.first_index)? as usize;
         if i >= inner.positions.len() {
             return None;
@@ -130,6 +171,15 @@ impl StoreView {
             Some(next) => next.0,
             None => self.log.end_offset(),
         })
+    }
+
+    /// The last entry whose batch lies wholly below `offset`, a batch boundary.
+    pub fn last_index_below(&self, offset: i64) -> Option<u64> {
+        let inner = self.inner.borrow();
+        let below = inner.positions.partition_point(|p| p.0 < offset) as u64;
+        (inner.meta.first_index + below)
+            .checked_sub(1)
+            .filter(|_| below > 0)
     }
 
     /// OffsetForLeaderEpoch: the largest term <= `term` in the log and the offset after its
@@ -186,6 +236,8 @@ impl LogStore {
             meta,
             positions,
             unflushed: VecDeque::new(),
+            snapshot: None,
+            snapshot_to: None,
         };
         Ok(LogStore {
             log,
@@ -447,7 +499,7 @@ impl RaftLogStorage<PartitionRaft> for LogStore {
     }
 
     async fn purge(&mut self, log_id: EntryLogId) -> io::Result<()> {
-        let new_start = {
+        let (new_start, restart) = {
             let mut inner = self.inner.borrow_mut();
             assert!(
                 inner.meta.purged.is_none_or(|p| p.index <= log_id.index),
@@ -466,10 +518,30 @@ impl RaftLogStorage<PartitionRaft> for LogStore {
             {
                 inner.unflushed.pop_front();
             }
-            let new_start = new_start.unwrap_or_else(|| self.log.end_offset());
+            // Past the last entry, the log goes on where the snapshot through `log_id` says
+            // (a follower that took its leader's snapshot), else at its own end.
+            let (new_start, restart) = match new_start {
+                Some(start) => (start, false),
+                None => match inner.snapshot {
+                    Some((index, next)) if index == log_id.index => {
+                        (next, next != self.log.end_offset())
+                    }
+                    _ => (self.log.end_offset(), false),
+                },
+            };
             inner.meta.first_offset = new_start;
-            new_start
+            (new_start, restart)
         };
+        if restart {
+            // The log holds no entry to keep. It is emptied before the purge point is
+            // recorded: a crash in between leaves an empty log (or a prefix of the old one)
+            // under the old purge point, and openraft purges again from the snapshot.
+            self.log
+                .restart_at(new_start, (self.clock)())
+                .await
+                .map_err(io_err)?;
+            return self.write_meta().await;
+        }
         // The purge point is recorded before the log start moves: a crash in between leaves
         // batches below the recorded start, which the next open skips.
         self.write_meta().await?;

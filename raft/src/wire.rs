@@ -58,10 +58,12 @@ pub enum Message {
     /// Would the receiver grant this vote (Raft's Pre-Vote)? Answered with a `VoteReply`;
     /// nothing changes on the receiver.
     PreVote(VoteRequest<PartitionRaft>),
-    /// A data-less snapshot (see `state_machine`): the leader's vote and the snapshot's meta.
+    /// A snapshot (see `state_machine`): the leader's vote, the snapshot's meta and the
+    /// Kafka offset after its last entry, where the receiver's log goes on.
     Snapshot {
         vote: Vote,
         meta: Meta,
+        next_offset: i64,
     },
     SnapshotReply(SnapshotResponse<PartitionRaft>),
     /// The receiver could not serve the request (no such group, group shutting down, ...).
@@ -185,14 +187,13 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) -> Result<(), WireError> {
             out.put_u8(u8::from(reply.vote_granted));
             put_log_id(out, reply.last_log_id.as_ref());
         }
-        Message::Snapshot { vote, meta } => {
+        Message::Snapshot {
+            vote,
+            meta,
+            next_offset,
+        } => {
             put_vote(out, vote);
-            put_log_id(out, meta.last_log_id.as_ref());
-            put_log_id(out, meta.last_membership.log_id().as_ref());
-            put_bytes(
-                out,
-                &entry::encode_membership(meta.last_membership.membership()),
-            );
+            put_snapshot(out, meta, *next_offset);
         }
         Message::SnapshotReply(reply) => put_vote(out, &reply.vote),
         Message::Failed(why) => put_bytes(out, why.as_bytes()),
@@ -309,17 +310,11 @@ pub fn decode(mut b: Bytes) -> Result<Frame, WireError> {
         }
         SNAPSHOT => {
             let vote = get_vote(&mut b)?;
-            let last_log_id = get_log_id(&mut b)?;
-            let membership_log_id = get_log_id(&mut b)?;
-            let raw = get_bytes(&mut b)?;
-            let membership =
-                entry::decode_membership(&raw).map_err(|e| WireError::Entry(e.to_string()))?;
+            let (meta, next_offset) = get_snapshot(&mut b)?;
             Message::Snapshot {
                 vote,
-                meta: Meta {
-                    last_log_id,
-                    last_membership: StoredMembership::new(membership_log_id, membership),
-                },
+                meta,
+                next_offset,
             }
         }
         SNAPSHOT_REPLY => Message::SnapshotReply(SnapshotResponse::new(get_vote(&mut b)?)),
@@ -427,6 +422,37 @@ fn get_log_id(b: &mut Bytes) -> Result<Option<EntryLogId>, WireError> {
             tag,
         }),
     }
+}
+
+/// A snapshot's meta and the offset after its last entry, as sent and as kept on disk.
+pub fn put_snapshot(out: &mut BytesMut, meta: &Meta, next_offset: i64) {
+    put_log_id(out, meta.last_log_id.as_ref());
+    put_log_id(out, meta.last_membership.log_id().as_ref());
+    put_bytes(
+        out,
+        &entry::encode_membership(meta.last_membership.membership()),
+    );
+    out.put_i64(next_offset);
+}
+
+/// Reads what `put_snapshot` wrote.
+pub fn get_snapshot(b: &mut Bytes) -> Result<(Meta, i64), WireError> {
+    let last_log_id = get_log_id(b)?;
+    let membership_log_id = get_log_id(b)?;
+    let raw = get_bytes(b)?;
+    let membership = entry::decode_membership(&raw).map_err(|e| WireError::Entry(e.to_string()))?;
+    need(b, 8)?;
+    let next_offset = b.get_i64();
+    if next_offset < 0 {
+        return Err(WireError::Entry(format!(
+            "snapshot at offset {next_offset}"
+        )));
+    }
+    let meta = Meta {
+        last_log_id,
+        last_membership: StoredMembership::new(membership_log_id, membership),
+    };
+    Ok((meta, next_offset))
 }
 
 fn put_bytes(out: &mut BytesMut, bytes: &[u8]) {
@@ -564,15 +590,20 @@ mod tests {
             last_log_id: Some(id(3, 30)),
             last_membership: StoredMembership::new(Some(id(1, 2)), members),
         };
-        let Message::Snapshot { vote: v, meta: m } = round_trip(Message::Snapshot {
+        let Message::Snapshot {
+            vote: v,
+            meta: m,
+            next_offset,
+        } = round_trip(Message::Snapshot {
             vote: vote(3, 1),
             meta: meta.clone(),
+            next_offset: 4096,
         })
         .message
         else {
             panic!("not a snapshot")
         };
-        assert_eq!((v, m), (vote(3, 1), meta));
+        assert_eq!((v, m, next_offset), (vote(3, 1), meta, 4096));
         let Message::Failed(why) = round_trip(Message::Failed("no such group".into())).message
         else {
             panic!("not a failure")

@@ -38,7 +38,8 @@ pub async fn handle(ctx: Rc<RequestContext>, req: DeleteRecordsRequest) -> Delet
                 .on_partition(tp, move |part| {
                     async move {
                         if part.replica.is_some() {
-                            // Moving a Raft log's start needs a Raft purge (not built yet).
+                            // A client-set log start must reach every replica
+                            // (retention purges each replica on its own; not built).
                             return Err(BrokerError::InvalidRequest(
                                 "DeleteRecords is not supported on replicated partitions yet"
                                     .into(),

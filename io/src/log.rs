@@ -911,9 +911,6 @@ impl Log {
         }
         self.quiesce("restarting").await?;
         let doomed: Vec<Segment> = self.state.borrow_mut().segments.drain(..).collect();
-        for seg in doomed.iter().rev() {
-            remove_files(&[seg.log_path(), seg.index_path(), seg.time_index_path()])?;
-        }
         {
             let mut st = self.state.borrow_mut();
             st.segments.push(Segment::new(&self.dir, offset, now_ms));
@@ -928,6 +925,15 @@ impl Log {
             for w in st.change_waiters.drain(..) {
                 let _ = w.send(());
             }
+        }
+        let removed = doomed.iter().rev().try_for_each(|seg| {
+            remove_files(&[seg.log_path(), seg.index_path(), seg.time_index_path()])
+        });
+        if let Err(e) = removed {
+            // Memory and disk disagree now: the log takes nothing more until a restart, whose
+            // open sees a prefix of the old log (and the caller's recovery starts again).
+            self.state.borrow_mut().failed = Some(e.clone());
+            return Err(e);
         }
         write_file(
             &self.dir.join(LOG_START_FILE),

@@ -14,6 +14,7 @@
 
 use std::io;
 use std::path::PathBuf;
+use std::rc::Rc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use futures::{Stream, StreamExt};
@@ -57,6 +58,8 @@ pub struct PartitionStateMachine {
     on_apply: Option<ApplyHook>,
     /// The partition's log: where a snapshot's offset comes from and where it is kept.
     store: Option<StoreView>,
+    /// Held while a snapshot is kept (`keep`), so an older one never lands last.
+    keeping: Rc<tokio::sync::Mutex<()>>,
 }
 
 impl PartitionStateMachine {
@@ -163,13 +166,26 @@ fn decode_snapshot(bytes: &[u8]) -> Result<(Meta, NextOffset), String> {
     Ok((meta, NextOffset(next)))
 }
 
-async fn persist(store: &Option<StoreView>, meta: &Meta, next: NextOffset) -> io::Result<()> {
-    match store {
-        Some(store) => ferrolog_io::write_file(&snapshot_path(store), encode_snapshot(meta, next))
-            .await
-            .map_err(io::Error::other),
-        None => Ok(()),
+/// Keeps the snapshot in `raft-snapshot` and tells the store, unless a newer one is kept
+/// already (a replica's own retention snapshot may finish after it installed its leader's).
+async fn keep(
+    store: &Option<StoreView>,
+    keeping: &tokio::sync::Mutex<()>,
+    meta: &Meta,
+    next: NextOffset,
+) -> io::Result<()> {
+    let (Some(store), Some(last)) = (store, meta.last_log_id) else {
+        return Ok(());
+    };
+    let _one_at_a_time = keeping.lock().await;
+    if store.snapshot_index().is_some_and(|kept| kept > last.index) {
+        return Ok(());
     }
+    ferrolog_io::write_file(&snapshot_path(store), encode_snapshot(meta, next))
+        .await
+        .map_err(io::Error::other)?;
+    store.note_snapshot(last.index, next.0);
+    Ok(())
 }
 
 impl RaftStateMachine<PartitionRaft> for PartitionStateMachine {
@@ -211,23 +227,31 @@ impl RaftStateMachine<PartitionRaft> for PartitionStateMachine {
             meta,
             next,
             store: self.store.clone(),
+            keeping: self.keeping.clone(),
         }
     }
 
-    async fn try_create_snapshot_builder(&mut self, _force: bool) -> Option<SnapshotTaker> {
+    async fn try_create_snapshot_builder(&mut self, force: bool) -> Option<SnapshotTaker> {
+        let mut taker = self.get_snapshot_builder().await;
+        if let Some((meta, next)) = &self.snapshot {
+            if meta.last_log_id >= taker.meta.last_log_id {
+                // Nothing newer to take (retention asked for an entry the snapshot in place,
+                // perhaps the leader's, already covers): openraft gets that one when it must.
+                if !force {
+                    return None;
+                }
+                (taker.meta, taker.next) = (meta.clone(), *next);
+            }
+        }
         // The builder's snapshot becomes the current one as soon as it is taken; openraft
         // purges nothing it covers before the builder has kept it.
-        let taker = self.get_snapshot_builder().await;
         self.snapshot = Some((taker.meta.clone(), taker.next));
         Some(taker)
     }
 
     async fn install_snapshot(&mut self, meta: &Meta, next: NextOffset) -> io::Result<()> {
         // Kept first: openraft purges the entries it covers once this returns.
-        persist(&self.store, meta, next).await?;
-        if let (Some(store), Some(last)) = (&self.store, meta.last_log_id) {
-            store.note_snapshot(last.index, next.0);
-        }
+        keep(&self.store, &self.keeping, meta, next).await?;
         self.last_applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
         self.snapshot = Some((meta.clone(), next));
@@ -250,16 +274,14 @@ pub struct SnapshotTaker {
     meta: Meta,
     next: NextOffset,
     store: Option<StoreView>,
+    keeping: Rc<tokio::sync::Mutex<()>>,
 }
 
 impl RaftSnapshotBuilder<PartitionRaft> for SnapshotTaker {
     type SnapshotData = NextOffset;
 
     async fn build_snapshot(&mut self) -> io::Result<PartitionSnapshot> {
-        persist(&self.store, &self.meta, self.next).await?;
-        if let (Some(store), Some(last)) = (&self.store, self.meta.last_log_id) {
-            store.note_snapshot(last.index, self.next.0);
-        }
+        keep(&self.store, &self.keeping, &self.meta, self.next).await?;
         Ok(Snapshot {
             meta: self.meta.clone(),
             snapshot: self.next,

@@ -132,7 +132,15 @@ impl StoreView {
     /// the log goes on at `next_offset`: a purge through `index` past the log end restarts
     /// the log there.
     pub fn note_snapshot(&self, index: u64, next_offset: i64) {
-        self.inner.borrow_mut().snapshot = Some((index, next_offset));
+        let mut inner = self.inner.borrow_mut();
+        if inner.snapshot.is_none_or(|(kept, _)| kept <= index) {
+            inner.snapshot = Some((index, next_offset));
+        }
+    }
+
+    /// The last index of the latest snapshot noted.
+    pub fn snapshot_index(&self) -> Option<u64> {
+        self.inner.borrow().snapshot.map(|(index, _)| index)
     }
 
     /// Retention will purge through entry `index`: the next snapshot ends there rather than

@@ -300,6 +300,24 @@ impl Partition {
         }
     }
 
+    /// Moves the log start to `offset`, at or below the HW: at once when unreplicated; when
+    /// replicated, through a Raft entry that every replica applies and acts on at its next
+    /// retention pass (`Replica::propose_log_start`).
+    pub async fn move_log_start(&self, offset: i64, now_ms: i64) -> Result<(), BrokerError> {
+        match &self.replica {
+            None => self
+                .log
+                .advance_start(offset)
+                .await
+                .map(drop)
+                .map_err(BrokerError::from_log),
+            Some(r) => {
+                r.propose_log_start(&self.producers, self.log.end_offset(), offset, now_ms)
+                    .await
+            }
+        }
+    }
+
     /// Validates one produced batch and appends it. Synchronous: the caller awaits
     /// durability separately (`wait_durable`). `transactional_id` tells whether the request
     /// named one (Kafka checks it before it looks at transactional batches).

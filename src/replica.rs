@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use ferrolog_io::batch::BatchHeader;
 use ferrolog_io::{Log, LogConfig};
 use ferrolog_raft::async_runtime::watch::WatchReceiver;
-use ferrolog_raft::entry::Batch;
+use ferrolog_raft::entry::{self, Batch};
 use ferrolog_raft::network::{GroupRaft, Transport};
 use ferrolog_raft::state_machine::{Applied, NextOffset, PartitionStateMachine};
 use ferrolog_raft::store::{LogStore, StoreView};
@@ -154,6 +154,8 @@ pub struct Replica {
     /// Fetches waiting for the HW to move.
     hw_waiters: Rc<RefCell<Vec<futures::channel::oneshot::Sender<()>>>>,
     applied_producers: Rc<RefCell<ProducerStates>>,
+    /// The largest log start a committed log-start entry asked for (`propose_log_start`).
+    log_start_wanted: Rc<Cell<i64>>,
     /// The term whose start reset the leader's producer state.
     ready_term: Cell<Option<u64>>,
     /// Proposals not yet committed or failed.
@@ -207,8 +209,10 @@ impl Replica {
         let hw = Rc::new(Cell::new(log.start_offset()));
         let hw_waiters: Rc<RefCell<Vec<futures::channel::oneshot::Sender<()>>>> = Rc::default();
         let applied_producers = Rc::new(RefCell::new(ProducerStates::default()));
+        let log_start_wanted = Rc::new(Cell::new(0));
         let hook = {
             let (view, hw, producers) = (view.clone(), hw.clone(), applied_producers.clone());
+            let wanted = log_start_wanted.clone();
             let waiters = hw_waiters.clone();
             Box::new(move |applied: Applied<'_>| {
                 let (entry, end) = match applied {
@@ -228,6 +232,9 @@ impl Replica {
                 let Some(entry) = entry else { return };
                 let index = entry.log_id.index;
                 if let EntryPayload::Normal(Batch(bytes)) = &entry.payload {
+                    if let Some(start) = entry::log_start_of(bytes) {
+                        wanted.set(wanted.get().max(start));
+                    }
                     if let (Ok(header), Some(base)) =
                         (BatchHeader::parse(bytes), view.base_offset(index))
                     {
@@ -268,6 +275,7 @@ impl Replica {
             hw,
             hw_waiters,
             applied_producers,
+            log_start_wanted,
             ready_term: Cell::new(None),
             in_flight: Cell::new(0),
             resync: Cell::new(false),
@@ -285,30 +293,68 @@ impl Replica {
         Ok((log, replica))
     }
 
-    /// Applies `retention.ms` and `retention.bytes` through Raft: the oldest segments past
-    /// either limit, as far as they are committed, go once a snapshot covers them (openraft
-    /// purges the entries and the store moves the log start). Each replica does so on its
-    /// own log, as each Kafka replica applies retention to its own; a follower that later
-    /// needs a purged entry gets the leader's snapshot and starts its log where it ends.
+    /// Applies `retention.ms` and `retention.bytes` (`limits`, for a topic that deletes) and
+    /// any committed log-start entry through Raft: the oldest segments past either limit, or
+    /// the entries below the log start asked for, as far as they are committed, go once a
+    /// snapshot covers them (openraft purges the entries and the store moves the log start).
+    /// Each replica does so on its own log, as each Kafka replica applies retention to its
+    /// own; a follower that later needs a purged entry gets the leader's snapshot and starts
+    /// its log where it ends. With `wait`, returns once the log start has moved (or after
+    /// `SNAPSHOT_TIMEOUT`, with an error).
     pub async fn apply_retention(
         &self,
         log: &Log,
         now: i64,
-        retention_ms: i64,
-        retention_bytes: i64,
+        limits: Option<(i64, i64)>,
+        wait: bool,
     ) -> std::io::Result<()> {
-        let Some(start) = log
-            .retention_point(now, retention_ms, retention_bytes)
-            .await
-            .map_err(std::io::Error::other)?
-        else {
+        let by_limits = match limits {
+            Some((ms, bytes)) => log
+                .retention_point(now, ms, bytes)
+                .await
+                .map_err(std::io::Error::other)?,
+            None => None,
+        };
+        let wanted = Some(self.log_start_wanted.get()).filter(|w| *w > log.start_offset());
+        let Some(start) = by_limits.max(wanted) else {
             return Ok(());
         };
-        // Both are batch boundaries; everything below the HW is applied.
+        // Everything below the HW is applied. A log start asked for by DeleteRecords may lie
+        // inside a batch: the entries wholly below it go, the one holding it stays.
         let start = start.min(self.hw.get());
-        let Some(upto) = self.view.last_index_below(start) else {
-            return Ok(());
+        let upto = self.view.last_index_below(start);
+        if let Some(upto) = upto {
+            self.purge_through(upto).await?;
+        }
+        // openraft may hold a purge while a follower is still being sent those entries.
+        let purged = |m: &openraft::RaftMetrics<_>| {
+            upto.is_none_or(|upto| m.purged.is_some_and(|p| p.index >= upto))
         };
+        if wait {
+            self.raft
+                .wait(Some(SNAPSHOT_TIMEOUT))
+                .metrics(purged, "the purge below a log start")
+                .await
+                .map_err(std::io::Error::other)?;
+        }
+        // At a batch boundary the purge moves the log start. Inside a batch it moves on once
+        // the entries below are gone (their segments go with it, and a replication may still
+        // be reading them); until then, at a later pass.
+        let inside = upto.is_none_or(|u| self.view.end_offset(u) != Some(start));
+        if inside && start > log.start_offset() && purged(&self.raft.metrics().borrow_watched()) {
+            log.wait_durable(start)
+                .await
+                .map_err(std::io::Error::other)?;
+            log.advance_start(start)
+                .await
+                .map_err(std::io::Error::other)?;
+        }
+        Ok(())
+    }
+
+    /// Takes a snapshot through entry `upto` (unless one covers it) and has openraft purge
+    /// the entries up to it.
+    async fn purge_through(&self, upto: u64) -> std::io::Result<()> {
         let covered = |m: &openraft::RaftMetrics<_>| m.snapshot.is_some_and(|s| s.index >= upto);
         if !covered(&self.raft.metrics().borrow_watched()) {
             // Through `upto` only: a follower that takes it still gets the entries kept.
@@ -324,12 +370,29 @@ impl Replica {
                 .await
                 .map_err(std::io::Error::other)?;
         }
-        // openraft may hold the purge while a follower is still being sent those entries.
         self.raft
             .trigger()
             .purge_log(upto)
             .await
             .map_err(std::io::Error::other)
+    }
+
+    /// Moves the log start of every replica to `offset`, at or below the HW: a log-start
+    /// entry that each replica applies and acts on at its next retention pass
+    /// (`apply_retention`). Answers once the entry is committed.
+    pub async fn propose_log_start(
+        &self,
+        producers: &RefCell<ProducerStates>,
+        log_end: i64,
+        offset: i64,
+        now_ms: i64,
+    ) -> Result<(), BrokerError> {
+        assert!(offset <= self.hw.get(), "a log start past the HW");
+        self.ready(producers, log_end)?;
+        let reservation = self.reserve(1);
+        self.replicate(entry::log_start_batch(offset, now_ms), reservation)
+            .await
+            .map(drop)
     }
 
     /// Offset after the last committed batch.

@@ -439,15 +439,12 @@ impl Shard {
             let now = now_ms();
             for p in parts {
                 let s = p.settings();
-                if !s.deletes {
-                    continue;
-                }
-                // A replicated log is the Raft log: its prefix goes through Raft.
+                let limits = s.deletes.then_some((s.retention_ms, s.retention_bytes));
+                // A replicated log is the Raft log: its prefix goes through Raft, also when a
+                // log-start entry asks for it on a topic that does not delete.
                 let done = match &p.replica {
-                    Some(r) => {
-                        r.apply_retention(&p.log, now, s.retention_ms, s.retention_bytes)
-                            .await
-                    }
+                    Some(r) => r.apply_retention(&p.log, now, limits, false).await,
+                    None if limits.is_none() => continue,
                     None => p
                         .log
                         .apply_retention(now, s.retention_ms, s.retention_bytes)
@@ -531,15 +528,16 @@ fn lock_log_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
     Ok(file)
 }
 
-/// Claims this broker's ports, or says who holds them: the Kafka port, which the shards share
-/// (each binds it with SO_REUSEPORT, and so would a second broker, silently taking half the
-/// connections), and each shard's Raft port. Two checks, as a bind cannot tell (the sockets a
-/// killed broker left behind block a plain bind, and SO_REUSEPORT joins a live listener):
-/// - a connect: only a listener accepts, whatever process it is;
-/// - a claim on an abstract Unix socket named after the address, held for the life of the
-///   process (the kernel drops it with the process, and it is per network namespace): a
-///   second ferrolog starting at the same time fails there, though the Kafka listener itself
-///   binds only once the node has its metadata.
+/// Claims this broker's ports, or says another ferrolog holds them: the Kafka port, which the
+/// shards share (each binds it with SO_REUSEPORT, and so would a second broker, silently
+/// taking half the connections), and each shard's Raft port. The claim is an abstract Unix
+/// socket named after the address, held for the life of the process (the kernel drops it
+/// when the process dies, and it is per network namespace); a second ferrolog fails here even
+/// when it starts at the same time, though the Kafka listener binds only once the node has
+/// its metadata. Neither a bind nor a connect can tell: SO_REUSEPORT joins a live listener,
+/// and a killed broker's listeners live on for a moment after it is gone (io_uring tears
+/// its ring down later), accepting connections. A process other than ferrolog on the port
+/// makes the shards' own bind fail.
 ///
 /// Returns the claims, to be kept until exit.
 fn claim_ports(
@@ -548,23 +546,8 @@ fn claim_ports(
 ) -> anyhow::Result<Vec<std::os::unix::net::UnixListener>> {
     use std::os::linux::net::SocketAddrExt;
     let claim = |addr: std::net::SocketAddr, what: &str| {
-        let taken = || {
-            anyhow::anyhow!("cannot listen on {addr} ({what}): another process is listening there")
-        };
-        let mut target = addr;
-        if target.ip().is_unspecified() {
-            target.set_ip(match addr {
-                std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
-                std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
-            });
-        }
-        if let Ok(s) = std::net::TcpStream::connect_timeout(&target, Duration::from_secs(1)) {
-            // With nothing listening, a connect may pick the port itself as its source port and
-            // reach itself (a TCP self-connect): that is no listener.
-            if s.local_addr().ok() != s.peer_addr().ok() {
-                return Err(taken());
-            }
-        }
+        let taken =
+            || anyhow::anyhow!("cannot listen on {addr} ({what}): another ferrolog is using it");
         let name =
             std::os::unix::net::SocketAddr::from_abstract_name(format!("ferrolog-port-{addr}"))?;
         std::os::unix::net::UnixListener::bind_addr(&name).map_err(|e| match e.kind() {

@@ -663,3 +663,89 @@ def test_retention_purges_replicated_logs_and_a_late_follower_takes_a_snapshot(t
     finally:
         c.kill()
 
+
+
+def test_replicated_offsets_topic_is_rewritten_and_shortened_on_every_replica(tmp_path):
+    """`__consumer_offsets` (RF 3 here) is compact-only and ferrolog has no compaction: its
+    coordinator rewrites a partition's live state once the partition holds more than twice
+    that (plus 10,000 records, checked every 30 s) and moves the log start of every replica
+    past the older records through a Raft entry. After the leader of the partition is killed,
+    the new coordinator, which replays its shortened log, has every group's last commit."""
+    from test_offsets_rewrite import COMMITS, TOPIC, commit_until_accepted, committed, consumer, log_start
+
+    extra = {"replica.lag.time.max.ms": LAG_MS, "log.retention.check.interval.ms": 500,
+             "offsets.topic.segment.bytes": 1 << 20}  # fmt: skip
+    c = started(Cluster(tmp_path, extra=extra))
+    try:
+        assert create(c, 1, TOPIC, 1) == 0
+        quiet = consumer(c.bootstrap(), "quiet-46")  # "quiet-46" and "busy" share partition 41
+        commit_until_accepted(quiet, [TopicPartition(TOPIC, 0, 7, metadata="quiet")])
+        quiet.close()
+        busy = consumer(c.bootstrap(), "busy")
+        commit_until_accepted(busy, [TopicPartition(TOPIC, 0, 0)])
+        for i in range(1, COMMITS + 1):
+            busy.commit(offsets=[TopicPartition(TOPIC, 0, i, metadata=f"m{i}")], asynchronous=i % 200 != 0)
+        busy.close()
+        assert committed(c.bootstrap(), "busy") == [(COMMITS, f"m{COMMITS}")]
+
+        dirs = {i: next(n.data_dir.rglob("__consumer_offsets-41")) for i, n in c.nodes.items()}
+        wait_until(lambda: all(log_start(d) >= COMMITS for d in dirs.values()),
+                   "partition 41 shortened on every replica", timeout_s=120, interval_s=1)  # fmt: skip
+        for i, d in dirs.items():
+            assert not (d / "00000000000000000000.log").exists(), f"node {i} kept its first segment"
+
+        leader = leader_of(c, "__consumer_offsets", 41, 1)
+        c.nodes[leader].kill9()
+        survivor = next(i for i in IDS if i != leader)
+        wait_until(lambda: leader_of(c, "__consumer_offsets", 41, survivor) not in (leader, -1, None),
+                   "a new coordinator", timeout_s=30)  # fmt: skip
+        assert committed(c.bootstrap(), "busy") == [(COMMITS, f"m{COMMITS}")]
+        assert committed(c.bootstrap(), "quiet-46") == [(7, "quiet")]
+    finally:
+        c.kill()
+
+
+def test_delete_records_on_a_replicated_partition_moves_every_replicas_log_start(tmp_path):
+    """DeleteRecords on an RF 3 partition: the leader answers with the new low watermark
+    once its own log starts there (also inside a batch, as Kafka allows); a Raft entry takes
+    the log start to the followers, so a new leader after a kill starts there too. Beyond
+    the HW is OFFSET_OUT_OF_RANGE; -1 means the HW."""
+    from confluent_kafka import KafkaError
+    from support import kafka_error_code
+    from test_offsets_rewrite import log_start
+
+    c = started(Cluster(tmp_path, extra={"replica.lag.time.max.ms": LAG_MS, "log.retention.check.interval.ms": 500}))
+    try:
+        topic = "replicated-trim"
+        replicated_topic(c, topic, 1)
+        p = Producer({"bootstrap.servers": c.bootstrap(), "acks": "all", "linger.ms": 50, "batch.num.messages": 5})
+        acked = {}
+        for i in range(40):
+            p.produce(topic, value=b"r%d" % i, partition=0,
+                      on_delivery=lambda err, msg: acked.__setitem__(msg.offset(), msg.value().decode()))  # fmt: skip
+        assert p.flush(30) == 0 and len(acked) == 40
+        offsets = sorted(acked)
+        cut = offsets[17]  # inside a batch of five
+        admin = c.admin(1)
+        tp = TopicPartition(topic, 0, cut)
+        assert admin.delete_records([tp])[tp].result(timeout=30).low_watermark == cut
+        assert read_partition(c.bootstrap(), topic, 0, start=cut)[0] == (cut, acked[cut])
+
+        dirs = {i: next(n.data_dir.rglob(f"{topic}-0")) for i, n in c.nodes.items()}
+        wait_until(lambda: {log_start(d) for d in dirs.values()} == {cut}, "every replica's log start moved",
+                   timeout_s=30)  # fmt: skip
+
+        tp = TopicPartition(topic, 0, max(offsets) + 5)
+        assert kafka_error_code(admin.delete_records([tp])[tp]) == KafkaError.OFFSET_OUT_OF_RANGE
+        leader = leader_of(c, topic, 0, 1)
+        c.nodes[leader].kill9()
+        survivor = next(i for i in IDS if i != leader)
+        wait_until(lambda: leader_of(c, topic, 0, survivor) not in (leader, -1, None), "a new leader", timeout_s=30)
+        got = read_partition(c.bootstrap(), topic, 0, start=cut)
+        assert got == sorted((o, v) for o, v in acked.items() if o >= cut), got[:3]
+        admin = c.admin(survivor)
+        tp = TopicPartition(topic, 0, -1)
+        hw = admin.delete_records([tp])[tp].result(timeout=30).low_watermark
+        assert hw > max(offsets), hw
+    finally:
+        c.kill()

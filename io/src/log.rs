@@ -186,6 +186,13 @@ impl Log {
             .base_offset
     }
 
+    /// The lowest offset `read_whole_batches` reaches: the log start, or below it the base
+    /// of the segment holding it (batches there stay on disk until the segment goes).
+    pub fn whole_batches_start(&self) -> i64 {
+        let st = self.state.borrow();
+        st.segments[0].base_offset.min(st.log_start)
+    }
+
     pub fn start_offset(&self) -> i64 {
         self.state.borrow().log_start
     }
@@ -582,9 +589,37 @@ impl Log {
         limit_offset: i64,
         oversized_first: bool,
     ) -> Result<Bytes, LogError> {
+        self.read_above(false, offset, max_bytes, limit_offset, oversized_first)
+            .await
+    }
+
+    /// `read` that also reaches the batches below the log start in its segment, so a log
+    /// start set inside a batch (DeleteRecords) leaves that batch readable: Raft reads its
+    /// entries whole.
+    pub async fn read_whole_batches(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+    ) -> Result<Bytes, LogError> {
+        self.read_above(true, offset, max_bytes, i64::MAX, true)
+            .await
+    }
+
+    async fn read_above(
+        &self,
+        below_start: bool,
+        offset: i64,
+        max_bytes: usize,
+        limit_offset: i64,
+        oversized_first: bool,
+    ) -> Result<Bytes, LogError> {
         let (limit, from_cache, disk_plan) = {
             let st = self.state.borrow();
-            if offset < st.log_start || offset > st.end {
+            let floor = match below_start {
+                true => st.segments[0].base_offset.min(st.log_start),
+                false => st.log_start,
+            };
+            if offset < floor || offset > st.end {
                 return Err(LogError::OffsetOutOfRange {
                     requested: offset,
                     log_start: st.log_start,

@@ -4,7 +4,9 @@
 //!   is the Raft term of the entry and its `baseOffset` the Kafka offset the leader gave it.
 //! - Raft's own entries (blank, membership) are control batches (attribute bit 5) holding one
 //!   control record whose key is `(version 0, type)` with ferrolog's types
-//!   [`CONTROL_TYPE_BLANK`] and [`CONTROL_TYPE_MEMBERSHIP`]. Kafka consumers skip control
+//!   [`CONTROL_TYPE_BLANK`] and [`CONTROL_TYPE_MEMBERSHIP`]. A broker's own normal entry, the
+//!   log start every replica is to move to ([`CONTROL_TYPE_LOG_START`], [`log_start_batch`]),
+//!   is a control batch of the same form. Kafka consumers skip control
 //!   batches, as they skip transaction markers, so replicas' logs stay readable by clients.
 //!   The types are outside Kafka's range (0-6) so no Kafka tool mistakes them for its own.
 //!
@@ -25,6 +27,8 @@ use crate::PartitionRaft;
 pub const CONTROL_TYPE_BLANK: i16 = 100;
 /// Control record type of a Raft membership entry.
 pub const CONTROL_TYPE_MEMBERSHIP: i16 = 101;
+/// Control record type of a log start for every replica (a normal entry, see `log_start_of`).
+pub const CONTROL_TYPE_LOG_START: i16 = 102;
 /// Membership encoding version written in the control record's value.
 const MEMBERSHIP_VERSION: u8 = 0;
 
@@ -100,6 +104,23 @@ pub fn decode(index: u64, bytes: Bytes) -> Result<Entry, DecodeError> {
     Ok(Entry { log_id, payload })
 }
 
+/// The batch of a log-start entry: every replica that applies it is to start its log at
+/// `offset` (a batch boundary). Offset and epoch are set by the log on append.
+pub fn log_start_batch(offset: i64, timestamp_ms: i64) -> Bytes {
+    control_batch(CONTROL_TYPE_LOG_START, &offset.to_be_bytes(), timestamp_ms).freeze()
+}
+
+/// The offset a log-start entry's batch names, or `None` for any other batch.
+pub fn log_start_of(bytes: &[u8]) -> Option<i64> {
+    let header = BatchHeader::parse(bytes).ok()?;
+    match control_record(&header, bytes) {
+        Ok(Some((CONTROL_TYPE_LOG_START, value))) => {
+            Some(i64::from_be_bytes(value.try_into().ok()?)).filter(|o| *o >= 0)
+        }
+        _ => None,
+    }
+}
+
 /// A v2 control batch with one control record; offset and epoch are set by the log on append.
 fn control_batch(control_type: i16, value: &[u8], timestamp_ms: i64) -> BytesMut {
     let mut record = BytesMut::new();
@@ -157,7 +178,10 @@ fn control_record<'a>(
     }
     let key = r.take(4)?;
     let control_type = i16::from_be_bytes([key[2], key[3]]);
-    if !matches!(control_type, CONTROL_TYPE_BLANK | CONTROL_TYPE_MEMBERSHIP) {
+    if !matches!(
+        control_type,
+        CONTROL_TYPE_BLANK | CONTROL_TYPE_MEMBERSHIP | CONTROL_TYPE_LOG_START
+    ) {
         return Ok(None);
     }
     let value_len =
@@ -343,8 +367,23 @@ mod tests {
         batch::set_offset_and_epoch(&mut marker, 9, 2);
         let marker = marker.freeze();
         let entry = decode(3, marker.clone()).unwrap();
-        assert_eq!(entry.payload, EntryPayload::Normal(Batch(marker)));
+        assert_eq!(entry.payload, EntryPayload::Normal(Batch(marker.clone())));
         assert_eq!(entry.log_id, LogId::new(CommittedLeaderId::new(2), 3));
+        assert_eq!(log_start_of(&marker), None);
+    }
+
+    #[test]
+    fn a_log_start_is_a_normal_entry_that_names_its_offset() {
+        let mut stored = BytesMut::from(&log_start_batch(4096, 5)[..]);
+        batch::set_offset_and_epoch(&mut stored, 9, 2); // as the log stores it
+        let bytes = stored.freeze();
+        batch::verify(&bytes).expect("a valid Kafka batch");
+        assert_eq!(log_start_of(&bytes), Some(4096));
+        let entry = decode(8, bytes.clone()).unwrap();
+        assert_eq!(entry.payload, EntryPayload::Normal(Batch(bytes.clone())));
+        for cut in [0, 20, bytes.len() - 1] {
+            assert_eq!(log_start_of(&bytes[..cut]), None, "cut at {cut}");
+        }
     }
 
     #[test]

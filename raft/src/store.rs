@@ -181,10 +181,18 @@ impl StoreView {
         })
     }
 
-    /// The last entry whose batch lies wholly below `offset`, a batch boundary.
+    /// The last entry whose batch lies wholly below `offset`.
     pub fn last_index_below(&self, offset: i64) -> Option<u64> {
         let inner = self.inner.borrow();
-        let below = inner.positions.partition_point(|p| p.0 < offset) as u64;
+        let mut below = inner.positions.partition_point(|p| p.0 < offset);
+        let end_of_last = inner
+            .positions
+            .get(below)
+            .map_or_else(|| self.log.end_offset(), |p| p.0);
+        if below > 0 && end_of_last > offset {
+            below -= 1; // that batch holds `offset`
+        }
+        let below = below as u64;
         (inner.meta.first_index + below)
             .checked_sub(1)
             .filter(|_| below > 0)
@@ -288,10 +296,11 @@ impl LogStore {
 /// Base offset and term of every batch from the log start to the log end.
 async fn walk_headers(log: &Log, from: i64) -> io::Result<VecDeque<(i64, u64)>> {
     let mut positions = VecDeque::new();
-    let mut offset = log.start_offset().max(from);
+    // A log start set inside a batch (DeleteRecords) leaves that batch an entry.
+    let mut offset = log.whole_batches_start().max(from);
     while offset < log.end_offset() {
         let bytes = log
-            .read(offset, READ_CHUNK_BYTES, i64::MAX, true)
+            .read_whole_batches(offset, READ_CHUNK_BYTES)
             .await
             .map_err(io_err)?;
         if bytes.is_empty() {
@@ -370,7 +379,7 @@ async fn read_entries<RB: RangeBounds<u64>>(
             continue;
         }
         let bytes = log
-            .read(offset, READ_CHUNK_BYTES, i64::MAX, true)
+            .read_whole_batches(offset, READ_CHUNK_BYTES)
             .await
             .map_err(io_err)?;
         if bytes.is_empty() {

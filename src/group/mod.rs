@@ -53,7 +53,7 @@ use crate::errors::BrokerError;
 use crate::group::classic::{ClassicGroup, Effects};
 use crate::group::codec::{CoordinatorRecord, OffsetValue};
 use crate::group::consumer::ConsumerGroup;
-use crate::partition::Partition;
+use crate::partition::{Appended, Partition};
 use crate::shard::Shard;
 use crate::types::{now_ms, TopicPartition};
 
@@ -614,8 +614,18 @@ pub fn append(
     records: &[CoordinatorRecord],
     now_ms: i64,
 ) -> LocalBoxFuture<'static, Result<(), BrokerError>> {
+    let landed = append_landed(partition, records, now_ms);
+    async move { landed.await.map(drop) }.boxed_local()
+}
+
+/// `append`, answering where the batch landed (`None`: nothing to write).
+fn append_landed(
+    partition: &Rc<Partition>,
+    records: &[CoordinatorRecord],
+    now_ms: i64,
+) -> LocalBoxFuture<'static, Result<Option<Appended>, BrokerError>> {
     if records.is_empty() {
-        return async { Ok(()) }.boxed_local();
+        return async { Ok(None) }.boxed_local();
     }
     let bytes = codec::encode_batch(records, now_ms);
     let written = partition.append(&bytes, false, now_ms);
@@ -624,7 +634,7 @@ pub fn append(
         let step = written.map_err(write_error)?;
         step.finish(&partition.log, true)
             .await
-            .map(|_| ())
+            .map(Some)
             .map_err(write_error)
     }
     .boxed_local()
@@ -774,9 +784,10 @@ pub async fn tick_loop(shard: Rc<Shard>) {
 
 /// `__consumer_offsets` is compacted in Kafka; ferrolog has no log compaction yet, so the
 /// coordinator bounds its partitions itself: once a partition holds more than twice its live
-/// records (plus some slack), it appends all live records again and, once they are durable,
-/// moves the log start to them, which deletes the older segments. A load then replays the
-/// live state and what came after it.
+/// records (plus some slack), it appends all live records again and, once they are durable
+/// (committed, when replicated), moves the log start to them, which deletes the older
+/// segments (on every replica, through a Raft entry, see `Partition::move_log_start`). A
+/// load then replays the live state and what came after it.
 fn snapshot_partitions(shard: &Rc<Shard>, now: i64) {
     let indexes: Vec<i32> = shard
         .groups
@@ -790,18 +801,14 @@ fn snapshot_partitions(shard: &Rc<Shard>, now: i64) {
         let Some(partition) = offsets_partition(shard, index) else {
             continue;
         };
-        // A Raft log is only shortened through Raft (not built yet): a replicated offsets
-        // partition keeps its whole log, as other replicated partitions do.
-        if partition.replica.is_some() {
-            continue;
-        }
         let logged = partition.log.end_offset() - partition.log.start_offset();
         let live = shard.groups.borrow().live_record_count(index);
         if logged <= 2 * live as i64 + SNAPSHOT_SLACK_RECORDS {
             continue;
         }
         let records = shard.groups.borrow().live_records(index);
-        let start = partition.log.end_offset();
+        // The first batch of the copy is where the log is to start.
+        let mut first = None;
         let mut writes = Vec::new();
         let mut batch: Vec<CoordinatorRecord> = Vec::new();
         let mut batch_bytes = 0;
@@ -809,7 +816,11 @@ fn snapshot_partitions(shard: &Rc<Shard>, now: i64) {
             let (k, v) = r.encode();
             let size = k.len() + v.map_or(0, |v| v.len());
             if !batch.is_empty() && batch_bytes + size > SNAPSHOT_BATCH_BYTES {
-                writes.push(append(&partition, &batch, now));
+                if first.is_none() {
+                    first = Some(append_landed(&partition, &batch, now));
+                } else {
+                    writes.push(append(&partition, &batch, now));
+                }
                 batch.clear();
                 batch_bytes = 0;
             }
@@ -817,15 +828,28 @@ fn snapshot_partitions(shard: &Rc<Shard>, now: i64) {
             batch_bytes += size;
         }
         if !batch.is_empty() {
-            writes.push(append(&partition, &batch, now));
+            if first.is_none() {
+                first = Some(append_landed(&partition, &batch, now));
+            } else {
+                writes.push(append(&partition, &batch, now));
+            }
         }
+        // No live state at all: everything up to the HW goes.
+        let hw = partition.high_watermark();
         glommio::spawn_local(async move {
+            let start = match first {
+                Some(first) => match first.await {
+                    Ok(Some(landed)) => landed.base_offset,
+                    _ => return,
+                },
+                None => hw,
+            };
             for w in writes {
                 if w.await.is_err() {
                     return;
                 }
             }
-            match partition.log.advance_start(start).await {
+            match partition.move_log_start(start, now).await {
                 Ok(_) => tracing::info!(
                     partition = index,
                     live_records = live,

@@ -11,7 +11,7 @@ use kafka_protocol::messages::{DeleteRecordsRequest, DeleteRecordsResponse};
 use crate::errors::BrokerError;
 use crate::group::is_internal_topic;
 use crate::kafka::RequestContext;
-use crate::types::TopicPartition;
+use crate::types::{now_ms, TopicPartition};
 
 pub async fn handle(ctx: Rc<RequestContext>, req: DeleteRecordsRequest) -> DeleteRecordsResponse {
     let mut topics = Vec::with_capacity(req.topics.len());
@@ -37,14 +37,6 @@ pub async fn handle(ctx: Rc<RequestContext>, req: DeleteRecordsRequest) -> Delet
                 .shard
                 .on_partition(tp, move |part| {
                     async move {
-                        if part.replica.is_some() {
-                            // A client-set log start must reach every replica
-                            // (retention purges each replica on its own; not built).
-                            return Err(BrokerError::InvalidRequest(
-                                "DeleteRecords is not supported on replicated partitions yet"
-                                    .into(),
-                            ));
-                        }
                         // -1 means "up to the high watermark".
                         let target = if offset == -1 {
                             part.high_watermark()
@@ -54,10 +46,24 @@ pub async fn handle(ctx: Rc<RequestContext>, req: DeleteRecordsRequest) -> Delet
                         if target < 0 || target > part.high_watermark() {
                             return Err(BrokerError::OffsetOutOfRange);
                         }
-                        part.log
-                            .advance_start(target)
-                            .await
-                            .map_err(BrokerError::from_log)
+                        let Some(replica) = &part.replica else {
+                            return part
+                                .log
+                                .advance_start(target)
+                                .await
+                                .map_err(BrokerError::from_log);
+                        };
+                        // Replicated: a Raft entry takes the log start to every replica; the
+                        // leader answers once its own log starts there (the followers move
+                        // at their next retention pass).
+                        if target > part.log.start_offset() {
+                            part.move_log_start(target, now_ms()).await?;
+                            replica
+                                .apply_retention(&part.log, now_ms(), None, true)
+                                .await
+                                .map_err(|e| BrokerError::RequestTimedOut(e.to_string()))?;
+                        }
+                        Ok(part.log.start_offset())
                     }
                     .boxed_local()
                 })

@@ -300,22 +300,29 @@ impl Partition {
         }
     }
 
-    /// Moves the log start to `offset`, at or below the HW: at once when unreplicated; when
-    /// replicated, through a Raft entry that every replica applies and acts on at its next
-    /// retention pass (`Replica::propose_log_start`).
-    pub async fn move_log_start(&self, offset: i64, now_ms: i64) -> Result<(), BrokerError> {
-        match &self.replica {
-            None => self
+    /// Moves the log start to `offset`, at or below the HW, and returns it. Replicated (the
+    /// leader only): through a Raft entry that every replica applies and acts on at its next
+    /// retention pass (`Replica::propose_log_start`); the leader acts at once and answers once
+    /// its own log starts there.
+    pub async fn move_log_start(&self, offset: i64, now_ms: i64) -> Result<i64, BrokerError> {
+        let Some(r) = &self.replica else {
+            return self
                 .log
                 .advance_start(offset)
                 .await
-                .map(drop)
-                .map_err(BrokerError::from_log),
-            Some(r) => {
-                r.propose_log_start(&self.producers, self.log.end_offset(), offset, now_ms)
-                    .await
-            }
+                .map_err(BrokerError::from_log);
+        };
+        if !r.is_leader() {
+            return Err(BrokerError::NotLeaderOrFollower);
         }
+        if offset > self.log.start_offset() {
+            r.propose_log_start(&self.producers, self.log.end_offset(), offset, now_ms)
+                .await?;
+            r.apply_retention(&self.log, now_ms, None, true)
+                .await
+                .map_err(|e| BrokerError::RequestTimedOut(e.to_string()))?;
+        }
+        Ok(self.log.start_offset())
     }
 
     /// Validates one produced batch and appends it. Synchronous: the caller awaits

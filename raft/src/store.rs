@@ -145,9 +145,12 @@ impl StoreView {
 
     /// Retention will purge through entry `index`: the next snapshot ends there rather than
     /// at the last applied entry, so a follower that takes it starts its log where the
-    /// leader's starts and still gets every entry the leader keeps.
+    /// leader's starts and still gets every entry the leader keeps. The largest index asked
+    /// for wins (retention and DeleteRecords may ask at once): each purges through its own,
+    /// and a snapshot past the smaller one still covers it.
     pub fn snapshot_through(&self, index: u64) {
-        self.inner.borrow_mut().snapshot_to = Some(index);
+        let mut inner = self.inner.borrow_mut();
+        inner.snapshot_to = inner.snapshot_to.max(Some(index));
     }
 
     /// Where retention wants the next snapshot to end, if anywhere.

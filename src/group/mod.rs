@@ -429,6 +429,19 @@ pub async fn load(shard: Rc<Shard>, index: i32, partition: Rc<Partition>, load: 
     while offset < end {
         let bytes = match partition.read(offset, LOAD_READ_BYTES, true).await {
             Ok(r) => r.records,
+            Err(_) if partition.log.start_offset() > offset => {
+                // The log start moved under the load (replicated: this replica applied a
+                // rewrite's log start): replay again from there, where the live state is
+                // whole, so nothing dropped before it comes back.
+                let mut coordinator = shard.groups.borrow_mut();
+                if !coordinator.is_current_load(index, load) {
+                    return;
+                }
+                coordinator.groups.retain(|_, g| g.partition != index);
+                offset = partition.log.start_offset();
+                records = 0;
+                continue;
+            }
             Err(e) => {
                 tracing::error!(partition = index, offset, error = %e,
                     "cannot read the offsets partition; its groups stay unavailable");

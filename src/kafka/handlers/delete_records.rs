@@ -37,6 +37,9 @@ pub async fn handle(ctx: Rc<RequestContext>, req: DeleteRecordsRequest) -> Delet
                 .shard
                 .on_partition(tp, move |part| {
                     async move {
+                        if part.replica.as_ref().is_some_and(|r| !r.is_leader()) {
+                            return Err(BrokerError::NotLeaderOrFollower);
+                        }
                         // -1 means "up to the high watermark".
                         let target = if offset == -1 {
                             part.high_watermark()
@@ -46,24 +49,8 @@ pub async fn handle(ctx: Rc<RequestContext>, req: DeleteRecordsRequest) -> Delet
                         if target < 0 || target > part.high_watermark() {
                             return Err(BrokerError::OffsetOutOfRange);
                         }
-                        let Some(replica) = &part.replica else {
-                            return part
-                                .log
-                                .advance_start(target)
-                                .await
-                                .map_err(BrokerError::from_log);
-                        };
-                        // Replicated: a Raft entry takes the log start to every replica; the
-                        // leader answers once its own log starts there (the followers move
-                        // at their next retention pass).
-                        if target > part.log.start_offset() {
-                            part.move_log_start(target, now_ms()).await?;
-                            replica
-                                .apply_retention(&part.log, now_ms(), None, true)
-                                .await
-                                .map_err(|e| BrokerError::RequestTimedOut(e.to_string()))?;
-                        }
-                        Ok(part.log.start_offset())
+                        // Replicated, the followers move at their next retention pass.
+                        part.move_log_start(target, now_ms()).await
                     }
                     .boxed_local()
                 })

@@ -616,7 +616,7 @@ impl Log {
         let (limit, from_cache, disk_plan) = {
             let st = self.state.borrow();
             let floor = match below_start {
-                true => st.segments[0].base_offset.min(st.log_start),
+                true => self.whole_batches_start(),
                 false => st.log_start,
             };
             if offset < floor || offset > st.end {
@@ -912,8 +912,8 @@ impl Log {
     }
 
     /// Waits until everything appended is on disk (or failed) and the flusher is idle, so
-    /// files can change under it; returns the log end. The caller must not append meanwhile.
-    async fn quiesce(&self, doing: &str) -> Result<i64, LogError> {
+    /// files can change under it. The caller must not append meanwhile.
+    async fn quiesce(&self, doing: &str) -> Result<(), LogError> {
         let end = self.end_offset();
         self.wait_durable(end).await?;
         let mut rounds = 0u32;
@@ -928,7 +928,7 @@ impl Log {
             rounds += 1;
         }
         assert_eq!(self.end_offset(), end, "append while {doing}");
-        Ok(end)
+        Ok(())
     }
 
     /// Empties the log and starts it again at `offset`, which may lie past its end (Kafka's

@@ -312,9 +312,6 @@ impl Partition {
                 .await
                 .map_err(BrokerError::from_log);
         };
-        if !r.is_leader() {
-            return Err(BrokerError::NotLeaderOrFollower);
-        }
         if offset > self.log.start_offset() {
             r.propose_log_start(&self.producers, self.log.end_offset(), offset, now_ms)
                 .await?;

@@ -231,18 +231,21 @@ impl Replica {
                 }
                 let Some(entry) = entry else { return };
                 let index = entry.log_id.index;
-                if let EntryPayload::Normal(Batch(bytes)) = &entry.payload {
+                let EntryPayload::Normal(Batch(bytes)) = &entry.payload else {
+                    return;
+                };
+                let Ok(header) = BatchHeader::parse(bytes) else {
+                    return;
+                };
+                if header.is_control() {
                     if let Some(start) = entry::log_start_of(bytes) {
                         wanted.set(wanted.get().max(start));
                     }
-                    if let (Ok(header), Some(base)) =
-                        (BatchHeader::parse(bytes), view.base_offset(index))
-                    {
-                        producers.borrow_mut().record(&BatchHeader {
-                            base_offset: base,
-                            ..header
-                        });
-                    }
+                } else if let Some(base) = view.base_offset(index) {
+                    producers.borrow_mut().record(&BatchHeader {
+                        base_offset: base,
+                        ..header
+                    });
                 }
             })
         };

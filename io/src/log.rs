@@ -615,9 +615,10 @@ impl Log {
     ) -> Result<Bytes, LogError> {
         let (limit, from_cache, disk_plan) = {
             let st = self.state.borrow();
-            let floor = match below_start {
-                true => self.whole_batches_start(),
-                false => st.log_start,
+            let floor = if below_start {
+                self.whole_batches_start()
+            } else {
+                st.log_start
             };
             if offset < floor || offset > st.end {
                 return Err(LogError::OffsetOutOfRange {

@@ -110,9 +110,10 @@ impl PartitionStateMachine {
                     .snapshot_to()
                     .map_or(applied.index, |i| i.min(applied.index));
                 let at = wanted.max(self.membership.log_id().map_or(0, |m| m.index));
-                let earlier = (at < applied.index)
-                    .then(|| Some((store.log_id(at)?, store.end_offset(at)?)))
-                    .flatten();
+                let earlier = match at < applied.index {
+                    true => store.log_id(at).zip(store.end_offset(at)),
+                    false => None,
+                };
                 earlier.unwrap_or_else(|| {
                     let end = store.end_offset(applied.index);
                     (

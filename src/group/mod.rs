@@ -820,8 +820,6 @@ fn snapshot_partitions(shard: &Rc<Shard>, now: i64) {
             continue;
         }
         let records = shard.groups.borrow().live_records(index);
-        // The first batch of the copy is where the log is to start.
-        let mut first = None;
         let mut writes = Vec::new();
         let mut batch: Vec<CoordinatorRecord> = Vec::new();
         let mut batch_bytes = 0;
@@ -829,11 +827,7 @@ fn snapshot_partitions(shard: &Rc<Shard>, now: i64) {
             let (k, v) = r.encode();
             let size = k.len() + v.map_or(0, |v| v.len());
             if !batch.is_empty() && batch_bytes + size > SNAPSHOT_BATCH_BYTES {
-                if first.is_none() {
-                    first = Some(append_landed(&partition, &batch, now));
-                } else {
-                    writes.push(append(&partition, &batch, now));
-                }
+                writes.push(append_landed(&partition, &batch, now));
                 batch.clear();
                 batch_bytes = 0;
             }
@@ -841,25 +835,17 @@ fn snapshot_partitions(shard: &Rc<Shard>, now: i64) {
             batch_bytes += size;
         }
         if !batch.is_empty() {
-            if first.is_none() {
-                first = Some(append_landed(&partition, &batch, now));
-            } else {
-                writes.push(append(&partition, &batch, now));
-            }
+            writes.push(append_landed(&partition, &batch, now));
         }
-        // No live state at all: everything up to the HW goes.
-        let hw = partition.high_watermark();
+        // The log is to start at the copy's first batch; with no live state at all,
+        // everything up to the HW goes.
+        let mut start = partition.high_watermark();
         glommio::spawn_local(async move {
-            let start = match first {
-                Some(first) => match first.await {
-                    Ok(Some(landed)) => landed.base_offset,
-                    _ => return,
-                },
-                None => hw,
-            };
-            for w in writes {
-                if w.await.is_err() {
-                    return;
+            for (i, w) in writes.into_iter().enumerate() {
+                match w.await {
+                    Ok(Some(landed)) if i == 0 => start = landed.base_offset,
+                    Ok(_) => {}
+                    Err(_) => return,
                 }
             }
             match partition.move_log_start(start, now).await {

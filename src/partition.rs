@@ -301,9 +301,8 @@ impl Partition {
     }
 
     /// Moves the log start to `offset`, at or below the HW, and returns it. Replicated (the
-    /// leader only): through a Raft entry that every replica applies and acts on at its next
-    /// retention pass (`Replica::propose_log_start`); the leader acts at once and answers once
-    /// its own log starts there.
+    /// leader only): through a Raft entry that every replica applies and acts on
+    /// (`Replica::propose_log_start`); answers once the leader's own log starts there.
     pub async fn move_log_start(&self, offset: i64, now_ms: i64) -> Result<i64, BrokerError> {
         let Some(r) = &self.replica else {
             return self

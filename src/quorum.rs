@@ -184,6 +184,7 @@ impl Quorum {
             .persist_committed();
         let fresh = store.get_log_state().await?.last_log_id.is_none()
             && store.get_log_reader().await.read_vote().await?.is_none();
+        let log = store.log().clone();
         let weak: Weak<Shard> = Rc::downgrade(shard);
         let hook = Box::new(move |applied: Applied<'_>| {
             // The controller's log is never purged, so no snapshot ever stands for entries.
@@ -220,7 +221,7 @@ impl Quorum {
         )
         .await
         .map_err(|e| anyhow::anyhow!("starting the controller quorum: {e}"))?;
-        transport.register(CONTROLLER_GROUP, raft.clone());
+        transport.register(CONTROLLER_GROUP, raft.clone(), log);
         let voters = members(shard);
         // The lowest voter of a new cluster starts it; the others join when it calls.
         if fresh && voters.keys().next() == Some(&(node_id as u64)) {

@@ -27,7 +27,9 @@
 //! Retention goes through Raft (`Replica::apply_retention`): each replica takes a snapshot
 //! ending at its retention point and lets openraft purge the entries before it; a follower
 //! that needs purged entries gets the leader's snapshot and restarts its log at the leader's
-//! log start (see ferrolog-raft's `state_machine`).
+//! log start (see ferrolog-raft's `state_machine`). DeleteRecords and the offsets rewrite
+//! move the log start through a Raft entry that each replica acts on once it applies it; the
+//! leader's DeleteRecords answer waits for the live replicas (`wait_low_watermark`).
 //!
 //! A replicated partition runs on shard `GroupId::shard` of every node that holds it, on that
 //! shard's Raft transport (one connection each way per pair of shards, see `replication`).
@@ -63,6 +65,11 @@ const COMMIT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long retention waits for the snapshot it asked for (it only writes a small file).
 const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often a leader waiting for its followers' log starts asks them again, and how long
+/// it waits for one answer at most.
+const LOG_START_POLL: Duration = Duration::from_millis(20);
+const LOG_START_ASK_TTL: Duration = Duration::from_secs(1);
 
 /// The Raft group id of a partition: the same on every node, never the controller's 0.
 pub fn group_id(topic_id: &Uuid, partition: i32) -> GroupId {
@@ -144,6 +151,8 @@ pub struct Placement<'a> {
     pub group: GroupId,
     /// `replica.lag.time.max.ms`.
     pub lag_max: Duration,
+    /// Woken when this replica applies a log-start entry that moves its log start.
+    pub log_start_asked: Rc<tokio::sync::Notify>,
 }
 
 pub struct Replica {
@@ -200,6 +209,7 @@ impl Replica {
             addrs,
             group,
             lag_max,
+            log_start_asked,
         } = placement;
         let mut store = LogStore::open(dir, log_config, Rc::new(now_ms)).await?;
         let fresh = store.get_log_state().await?.last_log_id.is_none()
@@ -239,7 +249,10 @@ impl Replica {
                 };
                 if header.is_control() {
                     if let Some(start) = entry::log_start_of(bytes) {
-                        wanted.set(wanted.get().max(start));
+                        if start > wanted.get() {
+                            wanted.set(start);
+                            log_start_asked.notify_one();
+                        }
                     }
                 } else if let Some(base) = view.base_offset(index) {
                     producers.borrow_mut().record(&BatchHeader {
@@ -258,7 +271,7 @@ impl Replica {
         )
         .await
         .map_err(std::io::Error::other)?;
-        transport.register(group, raft.clone());
+        transport.register(group, raft.clone(), log.clone());
         if fresh && replicas.first() == Some(&node_id) {
             let members: BTreeMap<u64, BasicNode> = replicas
                 .iter()
@@ -381,8 +394,9 @@ impl Replica {
     }
 
     /// Moves the log start of every replica to `offset`, at or below the HW: a log-start
-    /// entry that each replica applies and acts on at its next retention pass
-    /// (`apply_retention`). Answers once the entry is committed.
+    /// entry that each replica acts on once it applies it (`apply_retention`, which the
+    /// shard's retention loop runs on followers as soon as the hook signals the entry).
+    /// Answers once the entry is committed.
     pub async fn propose_log_start(
         &self,
         producers: &RefCell<ProducerStates>,
@@ -396,6 +410,57 @@ impl Replica {
         self.replicate(entry::log_start_batch(offset, now_ms), reservation)
             .await
             .map(drop)
+    }
+
+    /// Whether a committed log-start entry asks this replica to start its log further on
+    /// than it does (`apply_retention` acts on it).
+    pub fn log_start_asked(&self, log: &Log) -> bool {
+        self.log_start_wanted.get() > log.start_offset()
+    }
+
+    /// Kafka's low watermark as a leader sees it: the lowest log start among this replica
+    /// and the followers on the nodes `live` takes (a live follower that does not answer
+    /// counts as behind). Waits until it reaches `offset` and returns it, or until
+    /// `deadline` (REQUEST_TIMED_OUT), as Kafka's DeleteRecords waits for every live replica.
+    pub async fn wait_low_watermark(
+        &self,
+        log: &Log,
+        offset: i64,
+        live: impl Fn(i32) -> bool,
+        deadline: Instant,
+    ) -> Result<i64, BrokerError> {
+        let followers: Vec<u64> = {
+            let m = self.raft.metrics();
+            let m = m.borrow_watched();
+            let voters = m.membership_config.membership().voter_ids();
+            voters.filter(|id| *id != self.node_id).collect()
+        };
+        loop {
+            if !self.is_leader() {
+                return Err(BrokerError::NotLeaderOrFollower);
+            }
+            let ttl = deadline
+                .saturating_duration_since(Instant::now())
+                .clamp(LOG_START_POLL, LOG_START_ASK_TTL);
+            let asks = followers
+                .iter()
+                .filter(|id| live(**id as i32))
+                .map(|id| self.transport.log_start(*id, self.group, ttl));
+            let starts = futures::future::join_all(asks).await;
+            let low = starts
+                .into_iter()
+                .map(|s| s.unwrap_or(-1))
+                .fold(log.start_offset(), i64::min);
+            if low >= offset {
+                return Ok(low);
+            }
+            if Instant::now() >= deadline {
+                return Err(BrokerError::RequestTimedOut(format!(
+                    "a replica's log starts at {low}, below {offset}"
+                )));
+            }
+            glommio::timer::sleep(LOG_START_POLL).await;
+        }
     }
 
     /// Offset after the last committed batch.

@@ -14,13 +14,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::channel::oneshot;
 use futures::future::LocalBoxFuture;
 use futures::FutureExt;
 use glommio::channels::channel_mesh::{Full, MeshBuilder, Senders};
 use glommio::sync::Semaphore;
+use tokio::sync::Notify;
 
 use crate::config::BrokerConfig;
 use crate::errors::BrokerError;
@@ -70,6 +71,9 @@ pub struct Shard {
     /// This shard's Raft transport: its replicated partitions' groups (and on shard 0 the
     /// controller quorum's).
     pub raft_transport: Rc<ferrolog_raft::network::Transport>,
+    /// Woken when a replica on this shard applies a log-start entry: followers then act on
+    /// it at once rather than at the next retention pass.
+    log_start_asked: Rc<Notify>,
     /// This node's producer-id allocator; shard 0 only.
     pub producer_ids: Option<RefCell<ProducerIds>>,
     /// Serialises controller changes (persist + publish) on shard 0.
@@ -352,6 +356,7 @@ impl Shard {
             let opened = if replicas.len() > 1 {
                 let transport = self.raft_transport.clone();
                 let config = self.config.clone();
+                let log_start_asked = self.log_start_asked.clone();
                 let group = crate::replica::group_id(&id, tp.partition);
                 Partition::open_replicated(
                     &self.config.log_dir,
@@ -367,6 +372,7 @@ impl Shard {
                                 addrs: &config.voters,
                                 group,
                                 lag_max: Duration::from_millis(config.replica_lag_time_max_ms),
+                                log_start_asked,
                             };
                             crate::replica::Replica::open(&dir, log_config, placement, &transport)
                                 .await
@@ -428,13 +434,19 @@ impl Shard {
         }
     }
 
-    /// Applies retention to this shard's partitions every `log.retention.check.interval.ms`.
+    /// Applies retention to this shard's partitions every `log.retention.check.interval.ms`,
+    /// and moves followers' log starts as soon as they apply a log-start entry.
     async fn retention_loop(self: Rc<Self>) {
+        let interval = Duration::from_millis(self.config.retention_check_interval_ms);
+        let mut next_pass = Instant::now() + interval;
         loop {
-            glommio::timer::sleep(Duration::from_millis(
-                self.config.retention_check_interval_ms,
-            ))
-            .await;
+            let timer = glommio::timer::sleep(next_pass.saturating_duration_since(Instant::now()));
+            let asked = self.log_start_asked.notified();
+            futures::future::select(std::pin::pin!(timer), std::pin::pin!(asked)).await;
+            let full = Instant::now() >= next_pass;
+            if full {
+                next_pass = Instant::now() + interval;
+            }
             let parts: Vec<Rc<Partition>> = self.partitions.borrow().values().cloned().collect();
             let now = now_ms();
             for p in parts {
@@ -442,10 +454,15 @@ impl Shard {
                 let limits = s.deletes.then_some((s.retention_ms, s.retention_bytes));
                 // A replicated log is the Raft log: its prefix goes through Raft, also when a
                 // log-start entry asks for it on a topic that does not delete.
-                let done = match &p.replica {
-                    Some(r) => r.apply_retention(&p.log, now, limits, false).await,
-                    None if limits.is_none() => continue,
-                    None => p
+                let done = match (&p.replica, full) {
+                    (Some(r), true) => r.apply_retention(&p.log, now, limits, false).await,
+                    // A leader moved its own log start when it proposed the entry.
+                    (Some(r), false) if r.log_start_asked(&p.log) && !r.is_leader() => {
+                        r.apply_retention(&p.log, now, None, true).await
+                    }
+                    (_, false) => continue,
+                    (None, true) if limits.is_none() => continue,
+                    (None, true) => p
                         .log
                         .apply_retention(now, s.retention_ms, s.retention_bytes)
                         .await
@@ -653,6 +670,7 @@ async fn shard_main(
         controller: controller.map(RefCell::new),
         quorum: RefCell::new(None),
         raft_transport: ferrolog_raft::network::Transport::new(),
+        log_start_asked: Rc::new(Notify::new()),
         producer_ids: producer_ids.map(RefCell::new),
         controller_lock: Semaphore::new(1),
         image_lock: Semaphore::new(1),

@@ -706,15 +706,18 @@ def test_replicated_offsets_topic_is_rewritten_and_shortened_on_every_replica(tm
 
 
 def test_delete_records_on_a_replicated_partition_moves_every_replicas_log_start(tmp_path):
-    """DeleteRecords on an RF 3 partition: the leader answers with the new low watermark
-    once its own log starts there (also inside a batch, as Kafka allows); a Raft entry takes
-    the log start to the followers, so a new leader after a kill starts there too. Beyond
-    the HW is OFFSET_OUT_OF_RANGE; -1 means the HW."""
+    """DeleteRecords on an RF 3 partition: a Raft entry takes the log start to every replica
+    (also inside a batch, as Kafka allows), and the leader answers with the new low watermark
+    once every live replica starts there: at once, not at a retention pass. A follower that
+    cannot answer (SIGSTOPped, not yet fenced) makes it REQUEST_TIMED_OUT after the request's
+    timeout, as in Kafka, and moves when it returns. A new leader after a kill starts there
+    too. Beyond the HW is OFFSET_OUT_OF_RANGE; -1 means the HW."""
     from confluent_kafka import KafkaError
     from support import kafka_error_code
     from test_offsets_rewrite import log_start
 
-    c = started(Cluster(tmp_path, extra={"replica.lag.time.max.ms": LAG_MS, "log.retention.check.interval.ms": 500}))
+    # Retention passes every 5 minutes (the default): the followers must move without one.
+    c = started(Cluster(tmp_path, extra={"replica.lag.time.max.ms": LAG_MS}))
     try:
         topic = "replicated-trim"
         replicated_topic(c, topic, 1)
@@ -732,8 +735,23 @@ def test_delete_records_on_a_replicated_partition_moves_every_replicas_log_start
         assert read_partition(c.bootstrap(), topic, 0, start=cut)[0] == (cut, acked[cut])
 
         dirs = {i: next(n.data_dir.rglob(f"{topic}-0")) for i, n in c.nodes.items()}
+        # Answered once every replica started there; the file follows within moments.
         wait_until(lambda: {log_start(d) for d in dirs.values()} == {cut}, "every replica's log start moved",
-                   timeout_s=30)  # fmt: skip
+                   timeout_s=3)  # fmt: skip
+
+        stopped = next(i for i in IDS if i != leader_of(c, topic, 0, 1))
+        later = offsets[27]
+        c.nodes[stopped].proc.send_signal(signal.SIGSTOP)
+        try:
+            # Well within broker.session.timeout.ms: the stopped node still counts as live.
+            tp = TopicPartition(topic, 0, later)
+            future = admin.delete_records([tp], operation_timeout=0.5)[tp]
+            assert kafka_error_code(future) == KafkaError.REQUEST_TIMED_OUT
+        finally:
+            c.nodes[stopped].proc.send_signal(signal.SIGCONT)
+        wait_until(lambda: {log_start(d) for d in dirs.values()} == {later}, "the returned follower's log start moved",
+                   timeout_s=15)  # fmt: skip
+        assert read_partition(c.bootstrap(), topic, 0, start=later)[0] == (later, acked[later])
 
         tp = TopicPartition(topic, 0, max(offsets) + 5)
         assert kafka_error_code(admin.delete_records([tp])[tp]) == KafkaError.OFFSET_OUT_OF_RANGE
@@ -741,8 +759,8 @@ def test_delete_records_on_a_replicated_partition_moves_every_replicas_log_start
         c.nodes[leader].kill9()
         survivor = next(i for i in IDS if i != leader)
         wait_until(lambda: leader_of(c, topic, 0, survivor) not in (leader, -1, None), "a new leader", timeout_s=30)
-        got = read_partition(c.bootstrap(), topic, 0, start=cut)
-        assert got == sorted((o, v) for o, v in acked.items() if o >= cut), got[:3]
+        got = read_partition(c.bootstrap(), topic, 0, start=later)
+        assert got == sorted((o, v) for o, v in acked.items() if o >= later), got[:3]
         admin = c.admin(survivor)
         tp = TopicPartition(topic, 0, -1)
         hw = admin.delete_records([tp])[tp].result(timeout=30).low_watermark

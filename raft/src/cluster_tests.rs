@@ -120,7 +120,7 @@ async fn run_node(id: u64, port: u16, dir: PathBuf, mut commands: mpsc::Receiver
         let raft = Raft::new(id, config(), transport.factory(group), store, sm)
             .await
             .expect("start raft");
-        transport.register(group, raft.clone());
+        transport.register(group, raft.clone(), log.clone());
         groups.insert(group, (raft, log, view));
     }
     while let Some(command) = commands.next().await {

@@ -24,7 +24,8 @@
 //! partitions) and counts reconnections (`liveness`); `heard` tells when each group last
 //! took an append from its leader, or was named in its leader node's coalesced heartbeat
 //! (`beat`: one message per peer per interval for all the quiet groups a node leads there),
-//! which is what quiescent followers watch. A quiet group has no Raft lease (no heartbeats
+//! which is what quiescent followers watch. `log_start` asks a peer where its replica of a
+//! group starts its log (DeleteRecords waits for every live replica, as in Kafka). A quiet group has no Raft lease (no heartbeats
 //! renew it), so `heard` also stands in for it: a replica that heard from the rest of its group
 //! within [`PRE_VOTE_GUARD`] refuses Pre-Votes, and a node that merely missed some beats
 //! cannot take a live leader's partition away.
@@ -35,6 +36,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use ferrolog_io::Log;
 use futures::future::LocalBoxFuture;
 use futures::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::{TcpListener, TcpStream};
@@ -121,6 +123,8 @@ pub struct Transport {
     /// Peer nodes' Raft addresses, where known (`set_address`).
     addresses: RefCell<HashMap<u64, String>>,
     groups: RefCell<HashMap<GroupId, GroupRaft>>,
+    /// The log of each registered group, for `LogStart` requests.
+    logs: RefCell<HashMap<GroupId, Rc<Log>>>,
     /// When each group last took an append (entries or a heartbeat) from its leader, or was
     /// in its leader node's coalesced heartbeat.
     heard: RefCell<HashMap<GroupId, std::time::Instant>>,
@@ -139,6 +143,7 @@ impl Transport {
             keepalive: Cell::new(None),
             addresses: RefCell::new(HashMap::new()),
             groups: RefCell::new(HashMap::new()),
+            logs: RefCell::new(HashMap::new()),
             heard: RefCell::new(HashMap::new()),
             followed: RefCell::new(HashMap::new()),
             forward: RefCell::new(None),
@@ -177,15 +182,18 @@ impl Transport {
         }
     }
 
-    /// Serves incoming RPCs for the registered groups until the listener fails.
-    pub fn register(&self, group: GroupId, raft: GroupRaft) {
+    /// Serves incoming RPCs for `group`, whose entries `log` holds, until it is
+    /// unregistered.
+    pub fn register(&self, group: GroupId, raft: GroupRaft, log: Rc<Log>) {
         self.groups.borrow_mut().insert(group, raft);
+        self.logs.borrow_mut().insert(group, log);
     }
 
     /// Stops routing RPCs to `group` (it is being shut down or moved).
     pub fn unregister(&self, group: GroupId) -> Option<GroupRaft> {
         self.heard.borrow_mut().remove(&group);
         self.followed.borrow_mut().remove(&group);
+        self.logs.borrow_mut().remove(&group);
         self.groups.borrow_mut().remove(&group)
     }
 
@@ -309,6 +317,29 @@ impl Transport {
                 }
                 Ok(stale)
             }
+            Ok(other) => Err(format!("unexpected reply {other:?}")),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Where the replica of `group` on node `node_id` (a peer already known) starts its log.
+    pub async fn log_start(
+        &self,
+        node_id: u64,
+        group: GroupId,
+        ttl: Duration,
+    ) -> Result<i64, String> {
+        let key = (node_id, self.peer_shard(node_id, group));
+        let peer = self.peers.borrow().get(&key).cloned();
+        let Some(peer) = peer else {
+            return Err(format!(
+                "node {node_id} is not a known peer of group {}",
+                group.0
+            ));
+        };
+        match peer.call(group, Message::LogStart, ttl).await {
+            Ok(Message::LogStartReply(offset)) => Ok(offset),
+            Ok(Message::Failed(why)) => Err(why),
             Ok(other) => Err(format!("unexpected reply {other:?}")),
             Err(e) => Err(e.to_string()),
         }
@@ -449,6 +480,12 @@ impl Transport {
         }
         if let Message::Beat { leader, groups } = message {
             return Message::BeatReply(self.take_beat(leader, &groups));
+        }
+        if let Message::LogStart = message {
+            return match self.logs.borrow().get(&group) {
+                Some(log) => Message::LogStartReply(log.start_offset()),
+                None => Message::Failed(format!("no group {} on this node", group.0)),
+            };
         }
         if let Message::Forward(payload) = message {
             let handler = self.forward.borrow().clone();

@@ -86,6 +86,10 @@ pub enum Message {
     /// The groups of a `Beat` the receiver does not follow that leader in, at that term: the
     /// leader wakes them, so their Raft heartbeats settle who leads.
     BeatReply(Vec<GroupId>),
+    /// Where the receiver's replica of the frame's group starts its log (a leader waiting
+    /// for a log start to reach every replica, as Kafka's DeleteRecords does).
+    LogStart,
+    LogStartReply(i64),
 }
 
 /// A message with its routing: the group it is for and the request it answers.
@@ -130,6 +134,8 @@ const PONG: u8 = 11;
 const BEAT: u8 = 12;
 const BEAT_REPLY: u8 = 13;
 const PRE_VOTE: u8 = 14;
+const LOG_START: u8 = 15;
+const LOG_START_REPLY: u8 = 16;
 
 /// Appends `frame`, length prefix included, to `out`; a frame over [`FRAME_BYTES_MAX`] is
 /// not appended.
@@ -151,6 +157,8 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) -> Result<(), WireError> {
         Message::Pong => PONG,
         Message::Beat { .. } => BEAT,
         Message::BeatReply(_) => BEAT_REPLY,
+        Message::LogStart => LOG_START,
+        Message::LogStartReply(_) => LOG_START_REPLY,
     };
     out.put_u8(kind);
     out.put_u64(frame.correlation);
@@ -206,7 +214,8 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) -> Result<(), WireError> {
             out.put_u8(1);
             put_bytes(out, why.as_bytes());
         }
-        Message::Ping | Message::Pong => {}
+        Message::Ping | Message::Pong | Message::LogStart => {}
+        Message::LogStartReply(offset) => out.put_i64(*offset),
         Message::Beat { leader, groups } => {
             out.put_u64(*leader);
             out.put_u32(u32::try_from(groups.len()).expect("group count fits u32"));
@@ -341,6 +350,11 @@ pub fn decode(mut b: Bytes) -> Result<Frame, WireError> {
         }
         PING => Message::Ping,
         PONG => Message::Pong,
+        LOG_START => Message::LogStart,
+        LOG_START_REPLY => {
+            need(&b, 8)?;
+            Message::LogStartReply(b.get_i64())
+        }
         BEAT => {
             need(&b, 8 + 4)?;
             let leader = b.get_u64();
@@ -627,6 +641,14 @@ mod tests {
         }
         assert!(matches!(round_trip(Message::Ping).message, Message::Ping));
         assert!(matches!(round_trip(Message::Pong).message, Message::Pong));
+        assert!(matches!(
+            round_trip(Message::LogStart).message,
+            Message::LogStart
+        ));
+        assert!(matches!(
+            round_trip(Message::LogStartReply(-7)).message,
+            Message::LogStartReply(-7)
+        ));
         let beat = vec![(GroupId(3), 7), (GroupId(u64::MAX), 1)];
         let Message::Beat { leader, groups } = round_trip(Message::Beat {
             leader: 2,

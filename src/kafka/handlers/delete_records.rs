@@ -1,6 +1,7 @@
 //! DeleteRecords (API 21): move a partition's log start offset forward.
 
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use kafka_protocol::messages::delete_records_response::{
@@ -14,6 +15,16 @@ use crate::kafka::RequestContext;
 use crate::types::{now_ms, TopicPartition};
 
 pub async fn handle(ctx: Rc<RequestContext>, req: DeleteRecordsRequest) -> DeleteRecordsResponse {
+    let deadline = Instant::now() + Duration::from_millis(req.timeout_ms.max(0) as u64);
+    // Kafka's low watermark counts the replicas on live (registered, unfenced) brokers.
+    let live: Vec<i32> = ctx
+        .shard
+        .image()
+        .brokers
+        .iter()
+        .filter(|(_, b)| !b.fenced)
+        .map(|(id, _)| *id)
+        .collect();
     let mut topics = Vec::with_capacity(req.topics.len());
     for t in req.topics {
         let mut partitions = Vec::with_capacity(t.partitions.len());
@@ -23,6 +34,7 @@ pub async fn handle(ctx: Rc<RequestContext>, req: DeleteRecordsRequest) -> Delet
                 partition: p.partition_index,
             };
             let offset = p.offset;
+            let live = live.clone();
             if is_internal_topic(&tp.topic) {
                 // Kafka: records of an internal topic cannot be deleted.
                 partitions.push(
@@ -49,8 +61,17 @@ pub async fn handle(ctx: Rc<RequestContext>, req: DeleteRecordsRequest) -> Delet
                         if target < 0 || target > part.high_watermark() {
                             return Err(BrokerError::OffsetOutOfRange);
                         }
-                        // Replicated, the followers move at their next retention pass.
-                        part.move_log_start(target, now_ms()).await
+                        let low = part.move_log_start(target, now_ms()).await?;
+                        // Replicated: answered once every live replica starts there too, or
+                        // REQUEST_TIMED_OUT after timeout_ms, as Kafka answers.
+                        match &part.replica {
+                            Some(r) => {
+                                let live = |id| live.contains(&id);
+                                r.wait_low_watermark(&part.log, target, live, deadline)
+                                    .await
+                            }
+                            None => Ok(low),
+                        }
                     }
                     .boxed_local()
                 })

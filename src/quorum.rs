@@ -40,6 +40,7 @@ use futures::FutureExt;
 use openraft::storage::{RaftLogReader, RaftLogStorage};
 use openraft::{AsyncRuntime, BasicNode, EntryPayload, Raft};
 use serde::{Deserialize, Serialize};
+use uuid::Uuid;
 
 use crate::errors::BrokerError;
 use crate::group::codec;
@@ -76,25 +77,30 @@ enum Forwarded {
     ReportLeaders(Vec<(String, LeaderRecord)>),
 }
 
-/// The controller's answer to a forwarded CreateTopics: per topic, `None` or the Kafka
-/// error code and message.
-type CreateTopicsReply = Vec<Option<(i16, String)>>;
+/// The controller's answer to a forwarded CreateTopics: per topic, its id and partition
+/// count, or the Kafka error code and message.
+type CreateTopicsReply = Vec<Result<(Uuid, i32), (i16, String)>>;
 
-/// Sends `specs` to the controller leader for creation.
+/// Sends `specs` to the controller leader for creation, waiting up to `ttl` for its answer.
+/// NOT_CONTROLLER (the leader moved) and REQUEST_TIMED_OUT (no leader, or no answer) may be
+/// retried.
 pub async fn forward_create_topics(
     shard: &Rc<Shard>,
     specs: Vec<TopicSpec>,
-) -> Vec<Result<(), BrokerError>> {
+    ttl: Duration,
+) -> Vec<Result<(Uuid, i32), BrokerError>> {
     let n = specs.len();
     let request = Forwarded::CreateTopics(specs);
+    // Not under the controller lock: the leader serialises the change itself.
     let reply = shard
-        .on_controller(move |shard| {
+        .invoke_on(ShardId(0), move |shard| {
+            let shard = shard.clone();
             async move {
                 let quorum = shard
                     .quorum()
                     .ok_or("the controller quorum is not running")?;
                 let leader = quorum.leader().ok_or("no controller leader")?;
-                forward(&shard, &quorum, leader, &request, PROPOSE_TIMEOUT).await
+                forward(&shard, &quorum, leader, &request, ttl).await
             }
             .boxed_local()
         })
@@ -105,15 +111,16 @@ pub async fn forward_create_topics(
     match decoded {
         Ok(results) if results.len() == n => results
             .into_iter()
-            .map(|r| match r {
-                None => Ok(()),
-                Some((36, m)) => Err(BrokerError::TopicAlreadyExists(m)),
-                Some((41, _)) => Err(BrokerError::NotController),
-                Some((17, m)) => Err(BrokerError::InvalidTopic(m)),
-                Some((37, m)) => Err(BrokerError::InvalidPartitions(m)),
-                Some((38, m)) => Err(BrokerError::InvalidReplicationFactor(m)),
-                Some((40, m)) => Err(BrokerError::InvalidConfig(m)),
-                Some((_, m)) => Err(BrokerError::RequestTimedOut(m)),
+            .map(|r| {
+                r.map_err(|(code, m)| match code {
+                    36 => BrokerError::TopicAlreadyExists(m),
+                    41 => BrokerError::NotController,
+                    17 => BrokerError::InvalidTopic(m),
+                    37 => BrokerError::InvalidPartitions(m),
+                    38 => BrokerError::InvalidReplicationFactor(m),
+                    40 => BrokerError::InvalidConfig(m),
+                    _ => BrokerError::RequestTimedOut(m),
+                })
             })
             .collect(),
         Ok(_) => (0..n)
@@ -350,7 +357,7 @@ async fn serve_forwarded(shard: &Rc<Shard>, payload: &[u8]) -> Result<Bytes, Str
             let results: CreateTopicsReply = create_topics(shard, specs, false)
                 .await
                 .into_iter()
-                .map(|r| r.err().map(|e| (e.code(), e.to_string())))
+                .map(|r| r.map_err(|e| (e.code(), e.to_string())))
                 .collect();
             Ok(Bytes::from(
                 serde_json::to_vec(&results).expect("serialises"),

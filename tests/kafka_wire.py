@@ -71,6 +71,7 @@ STALE_MEMBER_EPOCH = 113
 PRODUCE = 0
 METADATA = 3
 API_VERSIONS = 18
+CREATE_TOPICS = 19
 INIT_PRODUCER_ID = 22
 OFFSET_COMMIT = 8
 OFFSET_FETCH = 9
@@ -364,6 +365,12 @@ def metadata_v8(topics, allow_auto_topic_creation=True):
         + boolean(False)  # include_cluster_authorized_operations
         + boolean(False)  # include_topic_authorized_operations
     )
+
+
+def create_topics_v4(topics, timeout_ms=30000):
+    """topics: list of (name, partitions, replication factor), no assignments or configs."""
+    each = [string(n) + i32(p) + i16(rf) + array([]) + array([]) for n, p, rf in topics]
+    return array(each) + i32(timeout_ms) + boolean(False)  # validate_only
 
 
 # ---- responses -----------------------------------------------------------------------
@@ -1245,3 +1252,10 @@ def offset_for_leader_epoch(port, topic, partition, leader_epoch, current_leader
         "error_code": p.i16(), "partition": p.i32(), "leader_epoch": p.i32(), "end_offset": p.i64(),
     })))  # fmt: skip
     return topics[0][1][0]
+
+
+def parse_create_topics_v4(body):
+    """{topic: (error_code, error_message)} from a CreateTopics v4 response."""
+    r = Reader(body)
+    r.i32()  # throttle_time_ms
+    return {r.string(): (r.i16(), r.string()) for _ in range(r.i32())}

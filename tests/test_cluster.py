@@ -12,6 +12,7 @@ from confluent_kafka import KafkaError
 
 from cluster import Cluster, check, consume_all, create, metadata, produce, registered
 from conftest import TARGET, Broker
+from kafka_wire import CREATE_TOPICS, Connection, create_topics_v4, parse_create_topics_v4
 from support import wait_until
 
 pytestmark = pytest.mark.skipif(TARGET != "ferrolog", reason="needs three ferrolog nodes (see module docs)")
@@ -114,6 +115,28 @@ def test_controller_failover_fencing_and_return(cluster):
     wait_until(lambda: registered(cluster, survivors[0], ids), "victim unfenced", timeout_s=20)
     got = consume_all(cluster.bootstrap(), "before", 300, "g-before")
     check(sent, got)
+
+
+def test_any_node_takes_create_topics_also_while_the_controller_moves(cluster):
+    """As Kafka's brokers forward CreateTopics to the active controller, a node that does not
+    lead the controller quorum creates the topic through the leader; while a new leader is
+    being elected it asks again until the request's timeout, so the client sees neither
+    NOT_CONTROLLER nor a failure."""
+    ids = [1, 2, 3]
+    wait_until(lambda: registered(cluster, 1, ids), "all brokers registered")
+    controller = metadata(1, cluster).controller_id
+    others = [i for i in ids if i != controller]
+    with Connection(cluster.nodes[others[0]].bootstrap) as conn:
+        got = parse_create_topics_v4(conn.request(CREATE_TOPICS, 4, create_topics_v4([("via-follower", 2, 3)])))
+    assert got == {"via-follower": (0, None)}, got
+    wait_until(lambda: metadata(others[1], cluster, "via-follower").topics.get("via-follower"), "topic visible")
+    # Kill the controller leader and ask a survivor at once, before a new leader is elected.
+    cluster.nodes[controller].kill9()
+    with Connection(cluster.nodes[others[1]].bootstrap, timeout_s=30) as conn:
+        body = create_topics_v4([("during-election", 1, 2)], timeout_ms=20000)
+        got = parse_create_topics_v4(conn.request(CREATE_TOPICS, 4, body))
+    assert got == {"during-election": (0, None)}, got
+    assert metadata(others[0], cluster, "during-election").topics.get("during-election") is not None
 
 
 def test_whole_cluster_restart_keeps_metadata_and_data(cluster):

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use uuid::Uuid;
@@ -11,6 +12,13 @@ use crate::config::{topic_config_def, validate_value};
 use crate::errors::BrokerError;
 use crate::metadata::{assign_replicas, validate_topic_name, BrokerRecord, TopicRecord};
 use crate::shard::Shard;
+
+/// How long a request for the controller waits before asking again while its leader moves.
+const CONTROLLER_RETRY_BACKOFF: Duration = Duration::from_millis(100);
+/// How long one forwarded request waits for the controller leader's answer: a leader that
+/// died may leave a connection nobody answers on, and the next try may find its successor.
+const FORWARD_TTL_MIN: Duration = Duration::from_millis(500);
+const FORWARD_TTL_MAX: Duration = Duration::from_secs(3);
 
 /// Most partitions one topic may have.
 pub const PARTITIONS_MAX: i32 = 100_000;
@@ -136,33 +144,60 @@ pub async fn create_topics(
         .await
 }
 
-/// Creates topics on behalf of the broker itself (auto-creation, `__consumer_offsets`):
-/// here when this node is the controller, otherwise forwarded to the controller leader, as
-/// Kafka brokers forward such requests. Waits (briefly) until the local image has them.
+/// Creates topics at the controller leader: here when this node leads the controller
+/// quorum, otherwise forwarded to the leader, as Kafka brokers forward CreateTopics to the
+/// active controller. A leader that moved or is being elected is asked again until
+/// `deadline` (at least once), then the topic fails with REQUEST_TIMED_OUT. Waits (briefly)
+/// until the local image has the topics created.
 pub async fn create_topics_anywhere(
     shard: &Rc<Shard>,
     specs: Vec<TopicSpec>,
-) -> Vec<Result<(), BrokerError>> {
+    validate_only: bool,
+    deadline: Instant,
+) -> Vec<Result<(Uuid, i32), BrokerError>> {
     let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
-    let local = create_topics(shard, specs.clone(), false).await;
-    let results: Vec<Result<(), BrokerError>> = if local
-        .iter()
-        .any(|r| matches!(r, Err(BrokerError::NotController)))
-    {
-        crate::quorum::forward_create_topics(shard, specs).await
-    } else {
-        local.into_iter().map(|r| r.map(|_| ())).collect()
+    let mut results = create_topics(shard, specs.clone(), validate_only).await;
+    let retry = |r: &Result<_, BrokerError>| {
+        matches!(
+            r,
+            Err(BrokerError::NotController | BrokerError::RequestTimedOut(_))
+        )
     };
+    let mut again: Vec<usize> = (0..results.len())
+        .filter(|i| matches!(results[*i], Err(BrokerError::NotController)))
+        .collect();
+    while !again.is_empty() {
+        let asked = again.iter().map(|i| specs[*i].clone()).collect();
+        let ttl = deadline
+            .saturating_duration_since(Instant::now())
+            .clamp(FORWARD_TTL_MIN, FORWARD_TTL_MAX);
+        let forwarded = crate::quorum::forward_create_topics(shard, asked, ttl).await;
+        for (i, r) in again.iter().zip(forwarded) {
+            results[*i] = r;
+        }
+        again.retain(|i| retry(&results[*i]));
+        if again.is_empty() || Instant::now() >= deadline {
+            break;
+        }
+        glommio::timer::sleep(CONTROLLER_RETRY_BACKOFF).await;
+    }
+    for i in again {
+        if let Err(BrokerError::NotController) = results[i] {
+            results[i] = Err(BrokerError::RequestTimedOut(
+                "the controller leader moved and did not settle in time".into(),
+            ));
+        }
+    }
     for _ in 0..40 {
         let image = shard.image();
         let missing = names
             .iter()
             .zip(&results)
-            .any(|(n, r)| r.is_ok() && image.topic(n).is_none());
+            .any(|(n, r)| r.is_ok() && !validate_only && image.topic(n).is_none());
         if !missing {
             break;
         }
-        glommio::timer::sleep(std::time::Duration::from_millis(50)).await;
+        glommio::timer::sleep(Duration::from_millis(50)).await;
     }
     results
 }

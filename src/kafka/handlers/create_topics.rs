@@ -1,7 +1,8 @@
-//! CreateTopics (API 19).
+//! CreateTopics (API 19): any node takes it; the controller leader creates the topics.
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use kafka_protocol::messages::create_topics_response::{
     CreatableTopicConfigs, CreatableTopicResult,
@@ -15,6 +16,9 @@ use crate::kafka::handlers::describe_configs::topic_config_entries;
 use crate::kafka::RequestContext;
 
 pub async fn handle(ctx: Rc<RequestContext>, req: CreateTopicsRequest) -> CreateTopicsResponse {
+    // A node that does not lead the controller forwards to the leader, and asks again while
+    // a new one is elected, up to the request's timeout (Kafka's brokers forward too).
+    let deadline = Instant::now() + Duration::from_millis(req.timeout_ms.max(0) as u64);
     let mut specs = Vec::with_capacity(req.topics.len());
     let mut early: Vec<Option<BrokerError>> = Vec::with_capacity(req.topics.len());
     for t in &req.topics {
@@ -64,9 +68,10 @@ pub async fn handle(ctx: Rc<RequestContext>, req: CreateTopicsRequest) -> Create
         .filter(|(_, e)| e.is_none())
         .map(|(s, _)| s.clone())
         .collect();
-    let mut created = admin::create_topics(&ctx.shard, to_create, req.validate_only)
-        .await
-        .into_iter();
+    let mut created =
+        admin::create_topics_anywhere(&ctx.shard, to_create, req.validate_only, deadline)
+            .await
+            .into_iter();
     let results = specs
         .into_iter()
         .zip(early)
@@ -95,9 +100,15 @@ pub async fn handle(ctx: Rc<RequestContext>, req: CreateTopicsRequest) -> Create
                     } else {
                         Vec::new()
                     };
+                    let replication_factor = match (&spec.assignment, spec.replication_factor) {
+                        (Some(manual), _) => manual.first().map_or(0, |r| r.len() as i16),
+                        (None, -1) => ctx.shard.config.default_replication_factor,
+                        (None, rf) => rf,
+                    };
                     base.with_topic_id(id)
+                        .with_error_message(None)
                         .with_num_partitions(partitions)
-                        .with_replication_factor(1)
+                        .with_replication_factor(replication_factor)
                         .with_configs(Some(settings_configs))
                 }
                 Err(e) => base

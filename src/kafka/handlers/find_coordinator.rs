@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
+use std::time::Instant;
 
 use kafka_protocol::messages::find_coordinator_response::Coordinator;
 use kafka_protocol::messages::{BrokerId, FindCoordinatorRequest, FindCoordinatorResponse};
@@ -121,7 +122,7 @@ async fn ensure_offsets_topic(ctx: &RequestContext) -> Result<(), BrokerError> {
         assignment: None,
         configs,
     };
-    match admin::create_topics_anywhere(&ctx.shard, vec![spec])
+    match admin::create_topics_anywhere(&ctx.shard, vec![spec], false, Instant::now())
         .await
         .remove(0)
     {

@@ -3,6 +3,7 @@
 //! `auto.create.topics.enable` and the client allow it.
 
 use std::rc::Rc;
+use std::time::Instant;
 
 use kafka_protocol::messages::metadata_response::{
     MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
@@ -40,10 +41,11 @@ pub async fn handle(ctx: Rc<RequestContext>, req: MetadataRequest) -> MetadataRe
             })
             .collect();
         if allow && config.auto_create_topics && !missing.is_empty() {
-            for (r, spec) in admin::create_topics_anywhere(&ctx.shard, missing.clone())
-                .await
-                .iter()
-                .zip(&missing)
+            for (r, spec) in
+                admin::create_topics_anywhere(&ctx.shard, missing.clone(), false, Instant::now())
+                    .await
+                    .iter()
+                    .zip(&missing)
             {
                 if let Err(e) = r {
                     if !matches!(e, BrokerError::TopicAlreadyExists(_)) {

@@ -93,6 +93,23 @@ impl Shard {
         self.image.borrow().clone()
     }
 
+    /// The controller id clients are told (Metadata, DescribeCluster): the controller
+    /// quorum's leader; while none is known, this node (or another live one), which takes
+    /// CreateTopics and forwards it once a leader is elected, as any Kafka broker does. A
+    /// client told -1 waits for a controller, librdkafka until its request times out.
+    pub fn controller_for_clients(&self, image: &MetadataImage) -> i32 {
+        let leader = self.cluster.controller_id.load(Ordering::Relaxed);
+        let live = |id: &i32| image.brokers.get(id).is_some_and(|b| !b.fenced);
+        if leader >= 0 {
+            return leader;
+        }
+        let me = self.config.node_id;
+        if live(&me) {
+            return me;
+        }
+        image.brokers.keys().copied().find(live).unwrap_or(-1)
+    }
+
     pub fn partition(&self, tp: &TopicPartition) -> Option<Rc<Partition>> {
         self.partitions.borrow().get(tp).cloned()
     }

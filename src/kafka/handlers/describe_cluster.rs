@@ -17,11 +17,7 @@ pub fn handle(ctx: Rc<RequestContext>, req: DescribeClusterRequest) -> DescribeC
         req.endpoint_type
     };
     let image = ctx.shard.image();
-    let controller = ctx
-        .shard
-        .cluster
-        .controller_id
-        .load(std::sync::atomic::Ordering::Relaxed);
+    let controller = ctx.shard.controller_for_clients(&image);
     let brokers = image
         .brokers
         .iter()

@@ -133,11 +133,7 @@ pub async fn handle(ctx: Rc<RequestContext>, req: MetadataRequest) -> MetadataRe
                 .with_port(i32::from(b.port))
         })
         .collect();
-    let controller = ctx
-        .shard
-        .cluster
-        .controller_id
-        .load(std::sync::atomic::Ordering::Relaxed);
+    let controller = ctx.shard.controller_for_clients(&image);
     MetadataResponse::default()
         .with_brokers(brokers)
         .with_cluster_id(Some(StrBytes::from_string(image.cluster_id.clone())))

@@ -112,6 +112,9 @@ pub enum BrokerError {
     InvalidCommitOffsetSize,
     #[error("{0}")]
     InvalidRegularExpression(String),
+    /// The error the controller leader answered a request this node forwarded to it with.
+    #[error("{message}")]
+    AtController { code: i16, message: String },
 }
 
 impl BrokerError {
@@ -125,6 +128,18 @@ impl BrokerError {
             | LogError::Corrupt(_)
             | LogError::InvalidBatch(_)
             | LogError::Closed => BrokerError::Storage(e.to_string()),
+        }
+    }
+
+    /// The error in a controller leader's answer to a forwarded request: NOT_CONTROLLER and
+    /// REQUEST_TIMED_OUT as themselves (the caller may ask again), others as they came.
+    pub fn from_controller(code: i16, message: String) -> BrokerError {
+        if code == ResponseError::NotController.code() {
+            BrokerError::NotController
+        } else if code == ResponseError::RequestTimedOut.code() {
+            BrokerError::RequestTimedOut(message)
+        } else {
+            BrokerError::AtController { code, message }
         }
     }
 
@@ -194,6 +209,9 @@ pub fn kafka_error(e: &BrokerError) -> ResponseError {
         BrokerError::UnreleasedInstanceId(_) => ResponseError::UnreleasedInstanceId,
         BrokerError::InvalidCommitOffsetSize => ResponseError::InvalidCommitOffsetSize,
         BrokerError::InvalidRegularExpression(_) => ResponseError::InvalidRegularExpression,
+        BrokerError::AtController { code, .. } => {
+            ResponseError::try_from_code(*code).unwrap_or(ResponseError::UnknownServerError)
+        }
     }
 }
 
@@ -261,6 +279,10 @@ mod tests {
             (BrokerError::StaleMemberEpoch, 113),
             (BrokerError::InvalidCommitOffsetSize, 28),
             (BrokerError::InvalidRegularExpression(String::new()), 128),
+            (BrokerError::from_controller(36, String::new()), 36),
+            (BrokerError::from_controller(41, String::new()), 41),
+            (BrokerError::from_controller(7, String::new()), 7),
+            (BrokerError::from_controller(i16::MAX, String::new()), -1),
         ];
         for (e, code) in table {
             assert_eq!(e.code(), *code, "{e:?}");

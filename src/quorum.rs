@@ -44,7 +44,9 @@ use uuid::Uuid;
 
 use crate::errors::BrokerError;
 use crate::group::codec;
-use crate::kafka::handlers::admin::{create_topics, TopicSpec};
+use crate::kafka::handlers::admin::{
+    change_topic, create_topics, delete_topics, TopicChange, TopicSpec,
+};
 use crate::metadata::{partition_key, BrokerRecord, ClusterState, LeaderRecord};
 use crate::shard::Shard;
 use crate::types::{now_ms, ShardId};
@@ -71,26 +73,74 @@ enum Forwarded {
         id: i32,
         record: BrokerRecord,
     },
-    /// Topics the broker creates for itself (auto-creation, `__consumer_offsets`).
+    /// CreateTopics, and the topics a broker creates for itself (auto-creation,
+    /// `__consumer_offsets`).
     CreateTopics(Vec<TopicSpec>),
+    /// DeleteTopics, by name.
+    DeleteTopics(Vec<String>),
+    /// CreatePartitions, AlterConfigs or IncrementalAlterConfigs on one topic.
+    ChangeTopic {
+        name: String,
+        change: TopicChange,
+        validate_only: bool,
+    },
     /// Partitions this node leads, with their epoch and ISR (Kafka's AlterPartition).
     ReportLeaders(Vec<(String, LeaderRecord)>),
 }
 
-/// The controller's answer to a forwarded CreateTopics: per topic, its id and partition
-/// count, or the Kafka error code and message.
-type CreateTopicsReply = Vec<Result<(Uuid, i32), (i16, String)>>;
+/// The controller leader's answer to a forwarded request: per item, a value or the Kafka
+/// error code and message.
+type Reply<T> = Vec<Result<T, (i16, String)>>;
 
-/// Sends `specs` to the controller leader for creation, waiting up to `ttl` for its answer.
-/// NOT_CONTROLLER (the leader moved) and REQUEST_TIMED_OUT (no leader, or no answer) may be
-/// retried.
+/// Creates topics at the controller leader: per topic, its id and partition count.
 pub async fn forward_create_topics(
     shard: &Rc<Shard>,
     specs: Vec<TopicSpec>,
     ttl: Duration,
 ) -> Vec<Result<(Uuid, i32), BrokerError>> {
     let n = specs.len();
-    let request = Forwarded::CreateTopics(specs);
+    forward_to_controller(shard, Forwarded::CreateTopics(specs), n, ttl).await
+}
+
+/// Deletes topics at the controller leader: per topic, its id.
+pub async fn forward_delete_topics(
+    shard: &Rc<Shard>,
+    names: Vec<String>,
+    ttl: Duration,
+) -> Vec<Result<Uuid, BrokerError>> {
+    let n = names.len();
+    forward_to_controller(shard, Forwarded::DeleteTopics(names), n, ttl).await
+}
+
+/// Changes one topic at the controller leader.
+pub async fn forward_topic_change(
+    shard: &Rc<Shard>,
+    name: String,
+    change: TopicChange,
+    validate_only: bool,
+    ttl: Duration,
+) -> Result<(), BrokerError> {
+    let request = Forwarded::ChangeTopic {
+        name,
+        change,
+        validate_only,
+    };
+    let mut results = forward_to_controller(shard, request, 1, ttl).await;
+    results.remove(0)
+}
+
+/// Sends `request` to the controller leader and waits up to `ttl` for its `n` results.
+/// NOT_CONTROLLER (the leader moved) and REQUEST_TIMED_OUT (no leader known, or no answer)
+/// may be asked again.
+async fn forward_to_controller<T>(
+    shard: &Rc<Shard>,
+    request: Forwarded,
+    n: usize,
+    ttl: Duration,
+) -> Vec<Result<T, BrokerError>>
+where
+    T: serde::de::DeserializeOwned,
+{
     // Not under the controller lock: the leader serialises the change itself.
     let reply = shard
         .invoke_on(ShardId(0), move |shard| {
@@ -106,22 +156,12 @@ pub async fn forward_create_topics(
         })
         .await;
     let decoded = reply.and_then(|bytes| {
-        serde_json::from_slice::<CreateTopicsReply>(&bytes).map_err(|e| e.to_string())
+        serde_json::from_slice::<Reply<T>>(&bytes).map_err(|e| format!("bad reply: {e}"))
     });
     match decoded {
         Ok(results) if results.len() == n => results
             .into_iter()
-            .map(|r| {
-                r.map_err(|(code, m)| match code {
-                    36 => BrokerError::TopicAlreadyExists(m),
-                    41 => BrokerError::NotController,
-                    17 => BrokerError::InvalidTopic(m),
-                    37 => BrokerError::InvalidPartitions(m),
-                    38 => BrokerError::InvalidReplicationFactor(m),
-                    40 => BrokerError::InvalidConfig(m),
-                    _ => BrokerError::RequestTimedOut(m),
-                })
-            })
+            .map(|r| r.map_err(|(code, m)| BrokerError::from_controller(code, m)))
             .collect(),
         Ok(_) => (0..n)
             .map(|_| {
@@ -138,6 +178,15 @@ pub async fn forward_create_topics(
             })
             .collect(),
     }
+}
+
+/// A forwarded request's results as the forwarding node decodes them (`Reply`).
+fn reply<T: Serialize>(results: Vec<Result<T, BrokerError>>) -> Bytes {
+    let results: Reply<T> = results
+        .into_iter()
+        .map(|r| r.map_err(|e| (e.code(), e.to_string())))
+        .collect();
+    Bytes::from(serde_json::to_vec(&results).expect("serialises"))
 }
 
 pub struct Quorum {
@@ -353,15 +402,15 @@ async fn serve_forwarded(shard: &Rc<Shard>, payload: &[u8]) -> Result<Bytes, Str
                 .map_err(|e| e.to_string())?;
             Ok(Bytes::new())
         }
-        Forwarded::CreateTopics(specs) => {
-            let results: CreateTopicsReply = create_topics(shard, specs, false)
-                .await
-                .into_iter()
-                .map(|r| r.map_err(|e| (e.code(), e.to_string())))
-                .collect();
-            Ok(Bytes::from(
-                serde_json::to_vec(&results).expect("serialises"),
-            ))
+        Forwarded::CreateTopics(specs) => Ok(reply(create_topics(shard, specs, false).await)),
+        Forwarded::DeleteTopics(names) => Ok(reply(delete_topics(shard, names).await)),
+        Forwarded::ChangeTopic {
+            name,
+            change,
+            validate_only,
+        } => {
+            let changed = change_topic(shard, name, change, validate_only).await;
+            Ok(reply(vec![changed]))
         }
     }
 }

@@ -72,6 +72,9 @@ PRODUCE = 0
 METADATA = 3
 API_VERSIONS = 18
 CREATE_TOPICS = 19
+DELETE_TOPICS = 20
+CREATE_PARTITIONS = 37
+INCREMENTAL_ALTER_CONFIGS = 44
 INIT_PRODUCER_ID = 22
 OFFSET_COMMIT = 8
 OFFSET_FETCH = 9
@@ -371,6 +374,19 @@ def create_topics_v4(topics, timeout_ms=30000):
     """topics: list of (name, partitions, replication factor), no assignments or configs."""
     each = [string(n) + i32(p) + i16(rf) + array([]) + array([]) for n, p, rf in topics]
     return array(each) + i32(timeout_ms) + boolean(False)  # validate_only
+
+
+def delete_topics_v1(names, timeout_ms=30000):
+    return array([string(n) for n in names]) + i32(timeout_ms)
+
+
+def create_partitions_v1(topic, count, timeout_ms=30000):
+    return array([string(topic) + i32(count) + i32(-1)]) + i32(timeout_ms) + boolean(False)
+
+
+def incremental_alter_topic_config_v0(topic, name, value):
+    """SET (operation 0) one config of one topic (resource type 2)."""
+    return array([i8(2) + string(topic) + array([string(name) + i8(0) + string(value)])]) + boolean(False)
 
 
 # ---- responses -----------------------------------------------------------------------
@@ -1259,3 +1275,28 @@ def parse_create_topics_v4(body):
     r = Reader(body)
     r.i32()  # throttle_time_ms
     return {r.string(): (r.i16(), r.string()) for _ in range(r.i32())}
+
+
+def parse_delete_topics_v1(body):
+    """{topic: error_code} from a DeleteTopics v1 response."""
+    r = Reader(body)
+    r.i32()  # throttle_time_ms
+    return {r.string(): r.i16() for _ in range(r.i32())}
+
+
+def parse_create_partitions_v1(body):
+    """{topic: (error_code, error_message)} from a CreatePartitions v1 response."""
+    r = Reader(body)
+    r.i32()  # throttle_time_ms
+    return {r.string(): (r.i16(), r.string()) for _ in range(r.i32())}
+
+
+def parse_incremental_alter_configs_v0(body):
+    """{resource name: (error_code, error_message)} from an IncrementalAlterConfigs v0 response."""
+    r = Reader(body)
+    r.i32()  # throttle_time_ms
+    out = {}
+    for _ in range(r.i32()):
+        code, message, _type, name = r.i16(), r.string(), r.i8(), r.string()
+        out[name] = (code, message)
+    return out

@@ -9,10 +9,25 @@ Apache cluster needs its own bootstrap (storage format with a shared cluster id)
 
 import pytest
 from confluent_kafka import KafkaError
+from confluent_kafka.admin import ConfigResource
 
 from cluster import Cluster, check, consume_all, create, metadata, produce, registered
 from conftest import TARGET, Broker
-from kafka_wire import CREATE_TOPICS, Connection, create_topics_v4, parse_create_topics_v4
+from kafka_wire import (
+    CREATE_PARTITIONS,
+    CREATE_TOPICS,
+    DELETE_TOPICS,
+    INCREMENTAL_ALTER_CONFIGS,
+    Connection,
+    create_partitions_v1,
+    create_topics_v4,
+    delete_topics_v1,
+    incremental_alter_topic_config_v0,
+    parse_create_partitions_v1,
+    parse_create_topics_v4,
+    parse_delete_topics_v1,
+    parse_incremental_alter_configs_v0,
+)
 from support import wait_until
 
 pytestmark = pytest.mark.skipif(TARGET != "ferrolog", reason="needs three ferrolog nodes (see module docs)")
@@ -121,26 +136,42 @@ def test_controller_failover_fencing_and_return(cluster):
     check(sent, got)
 
 
-def test_any_node_takes_create_topics_also_while_the_controller_moves(cluster):
-    """As Kafka's brokers forward CreateTopics to the active controller, a node that does not
-    lead the controller quorum creates the topic through the leader; while a new leader is
-    being elected it asks again until the request's timeout, so the client sees neither
-    NOT_CONTROLLER nor a failure."""
+def test_any_node_takes_controller_requests_also_while_the_controller_moves(cluster):
+    """As Kafka's brokers forward CreateTopics, CreatePartitions, IncrementalAlterConfigs and
+    DeleteTopics to the active controller, a node that does not lead the controller quorum
+    makes them through the leader; while a new leader is being elected it asks again until
+    the request's timeout, so the client sees neither NOT_CONTROLLER nor a failure."""
     ids = [1, 2, 3]
     wait_until(lambda: registered(cluster, 1, ids), "all brokers registered")
     controller = metadata(1, cluster).controller_id
     others = [i for i in ids if i != controller]
-    with Connection(cluster.nodes[others[0]].bootstrap) as conn:
-        got = parse_create_topics_v4(conn.request(CREATE_TOPICS, 4, create_topics_v4([("via-follower", 2, 3)])))
+
+    def ask(node, api, version, body, parse):
+        with Connection(cluster.nodes[node].bootstrap, timeout_s=30) as conn:
+            return parse(conn.request(api, version, body))
+
+    follower = others[0]
+    got = ask(follower, CREATE_TOPICS, 4, create_topics_v4([("via-follower", 2, 3), ("doomed", 1, 3)]),
+              parse_create_topics_v4)  # fmt: skip
+    assert got == {"via-follower": (0, None), "doomed": (0, None)}, got
+    got = ask(follower, CREATE_PARTITIONS, 1, create_partitions_v1("via-follower", 4), parse_create_partitions_v1)
     assert got == {"via-follower": (0, None)}, got
-    wait_until(lambda: metadata(others[1], cluster, "via-follower").topics.get("via-follower"), "topic visible")
+    body = incremental_alter_topic_config_v0("via-follower", "retention.ms", "3600000")
+    got = ask(follower, INCREMENTAL_ALTER_CONFIGS, 0, body, parse_incremental_alter_configs_v0)
+    assert got == {"via-follower": (0, None)}, got
+    wait_until(lambda: len(metadata(others[1], cluster, "via-follower").topics["via-follower"].partitions) == 4,
+               "four partitions")  # fmt: skip
+    resource = ConfigResource(ConfigResource.Type.TOPIC, "via-follower")
+    admin = cluster.admin(others[1])
+    assert admin.describe_configs([resource])[resource].result(30)["retention.ms"].value == "3600000"
     # Kill the controller leader and ask a survivor at once, before a new leader is elected.
     cluster.nodes[controller].kill9()
-    with Connection(cluster.nodes[others[1]].bootstrap, timeout_s=30) as conn:
-        body = create_topics_v4([("during-election", 1, 2)], timeout_ms=20000)
-        got = parse_create_topics_v4(conn.request(CREATE_TOPICS, 4, body))
-    assert got == {"during-election": (0, None)}, got
-    assert metadata(others[0], cluster, "during-election").topics.get("during-election") is not None
+    survivor = others[1]
+    body = create_topics_v4([("during-election", 1, 2)], timeout_ms=20000)
+    assert ask(survivor, CREATE_TOPICS, 4, body, parse_create_topics_v4) == {"during-election": (0, None)}
+    assert ask(survivor, DELETE_TOPICS, 1, delete_topics_v1(["doomed"]), parse_delete_topics_v1) == {"doomed": 0}
+    names = set(metadata(follower, cluster).topics)
+    assert "during-election" in names and "doomed" not in names, names
 
 
 def test_whole_cluster_restart_keeps_metadata_and_data(cluster):

@@ -10,9 +10,13 @@ use uuid::Uuid;
 
 use crate::config::{topic_config_def, validate_value};
 use crate::errors::BrokerError;
+use crate::kafka::handlers::incremental_alter_configs::apply_ops;
 use crate::metadata::{assign_replicas, validate_topic_name, BrokerRecord, TopicRecord};
 use crate::shard::Shard;
 
+/// How long AlterConfigs and IncrementalAlterConfigs, whose requests carry no timeout, wait
+/// for a controller leader.
+pub const CONTROLLER_CHANGE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a request for the controller waits before asking again while its leader moves.
 const CONTROLLER_RETRY_BACKOFF: Duration = Duration::from_millis(100);
 /// How long one forwarded request waits for the controller leader's answer: a leader that
@@ -145,10 +149,8 @@ pub async fn create_topics(
 }
 
 /// Creates topics at the controller leader: here when this node leads the controller
-/// quorum, otherwise forwarded to the leader, as Kafka brokers forward CreateTopics to the
-/// active controller. A leader that moved or is being elected is asked again until
-/// `deadline` (at least once), then the topic fails with REQUEST_TIMED_OUT. Waits (briefly)
-/// until the local image has the topics created.
+/// quorum, otherwise forwarded to the leader (`at_controller`). Waits (briefly) until the
+/// local image has the topics created.
 pub async fn create_topics_anywhere(
     shard: &Rc<Shard>,
     specs: Vec<TopicSpec>,
@@ -156,8 +158,72 @@ pub async fn create_topics_anywhere(
     deadline: Instant,
 ) -> Vec<Result<(Uuid, i32), BrokerError>> {
     let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
-    let mut results = create_topics(shard, specs.clone(), validate_only).await;
-    let retry = |r: &Result<_, BrokerError>| {
+    let here = create_topics(shard, specs.clone(), validate_only).await;
+    let forward = |specs, ttl| crate::quorum::forward_create_topics(shard, specs, ttl);
+    let results = at_controller(specs, here, forward, deadline).await;
+    for _ in 0..40 {
+        let image = shard.image();
+        let missing = names
+            .iter()
+            .zip(&results)
+            .any(|(n, r)| r.is_ok() && !validate_only && image.topic(n).is_none());
+        if !missing {
+            break;
+        }
+        glommio::timer::sleep(Duration::from_millis(50)).await;
+    }
+    results
+}
+
+/// Deletes topics at the controller leader (see `create_topics_anywhere`).
+pub async fn delete_topics_anywhere(
+    shard: &Rc<Shard>,
+    names: Vec<String>,
+    deadline: Instant,
+) -> Vec<Result<Uuid, BrokerError>> {
+    let here = delete_topics(shard, names.clone()).await;
+    let forward = |names, ttl| crate::quorum::forward_delete_topics(shard, names, ttl);
+    at_controller(names, here, forward, deadline).await
+}
+
+/// Changes one topic at the controller leader (see `create_topics_anywhere`).
+pub async fn change_topic_anywhere(
+    shard: &Rc<Shard>,
+    name: String,
+    change: TopicChange,
+    validate_only: bool,
+    deadline: Instant,
+) -> Result<(), BrokerError> {
+    let here = change_topic(shard, name.clone(), change.clone(), validate_only).await;
+    let forward = |_: Vec<()>, ttl| {
+        let (name, change) = (name.clone(), change.clone());
+        async move {
+            let r = crate::quorum::forward_topic_change(shard, name, change, validate_only, ttl);
+            vec![r.await]
+        }
+    };
+    let mut results = at_controller(vec![()], vec![here], forward, deadline).await;
+    results.remove(0)
+}
+
+/// Finishes a controller change that this node tried first (`here`, one result per item,
+/// NOT_CONTROLLER where it does not lead the controller quorum): those items go to the
+/// leader through `forward`, as Kafka's brokers forward such requests to the active
+/// controller, and go again while the leader moves or a new one is elected (the leader
+/// answers NOT_CONTROLLER, or nobody answers), until `deadline` but at least once. Items
+/// still without an answer then fail with REQUEST_TIMED_OUT.
+async fn at_controller<S, T, F, Fut>(
+    items: Vec<S>,
+    mut results: Vec<Result<T, BrokerError>>,
+    forward: F,
+    deadline: Instant,
+) -> Vec<Result<T, BrokerError>>
+where
+    S: Clone,
+    F: Fn(Vec<S>, Duration) -> Fut,
+    Fut: std::future::Future<Output = Vec<Result<T, BrokerError>>>,
+{
+    let retry = |r: &Result<T, BrokerError>| {
         matches!(
             r,
             Err(BrokerError::NotController | BrokerError::RequestTimedOut(_))
@@ -167,12 +233,11 @@ pub async fn create_topics_anywhere(
         .filter(|i| matches!(results[*i], Err(BrokerError::NotController)))
         .collect();
     while !again.is_empty() {
-        let asked = again.iter().map(|i| specs[*i].clone()).collect();
         let ttl = deadline
             .saturating_duration_since(Instant::now())
             .clamp(FORWARD_TTL_MIN, FORWARD_TTL_MAX);
-        let forwarded = crate::quorum::forward_create_topics(shard, asked, ttl).await;
-        for (i, r) in again.iter().zip(forwarded) {
+        let asked = again.iter().map(|i| items[*i].clone()).collect();
+        for (i, r) in again.iter().zip(forward(asked, ttl).await) {
             results[*i] = r;
         }
         again.retain(|i| retry(&results[*i]));
@@ -187,17 +252,6 @@ pub async fn create_topics_anywhere(
                 "the controller leader moved and did not settle in time".into(),
             ));
         }
-    }
-    for _ in 0..40 {
-        let image = shard.image();
-        let missing = names
-            .iter()
-            .zip(&results)
-            .any(|(n, r)| r.is_ok() && !validate_only && image.topic(n).is_none());
-        if !missing {
-            break;
-        }
-        glommio::timer::sleep(Duration::from_millis(50)).await;
     }
     results
 }
@@ -241,73 +295,28 @@ pub async fn delete_topics(
         .await
 }
 
-/// Raises a topic's partition count.
-pub async fn create_partitions(
-    shard: &Rc<Shard>,
-    name: String,
-    count: i32,
-    validate_only: bool,
-) -> Result<(), BrokerError> {
-    change_topic(shard, name, validate_only, move |t, brokers| {
-        if count < t.partitions {
-            return Err(BrokerError::InvalidPartitions(format!(
-                "Topic currently has {} partitions, which is higher than the requested {count}.",
-                t.partitions
-            )));
-        }
-        if count == t.partitions {
-            return Err(BrokerError::InvalidPartitions(format!(
-                "Topic already has {} partitions.",
-                t.partitions
-            )));
-        }
-        if count > PARTITIONS_MAX {
-            return Err(BrokerError::InvalidPartitions(format!(
-                "Number of partitions must be at most {PARTITIONS_MAX}."
-            )));
-        }
-        // New partitions get as many replicas as the first one has.
-        let rf = t.replicas.first().map_or(1, |r| r.len()) as i16;
-        let added = assign_replicas(brokers, t.partitions, count - t.partitions, rf, 0)
-            .map_err(BrokerError::InvalidReplicationFactor)?;
-        t.replicas.extend(added);
-        t.partitions = count;
-        Ok(())
-    })
-    .await
+/// A change to one topic that the controller leader makes; serialisable, so a node that
+/// does not lead the controller forwards it.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub enum TopicChange {
+    /// CreatePartitions: raise the partition count to this.
+    Partitions(i32),
+    /// AlterConfigs: replace the config overrides as a whole.
+    SetConfigs(BTreeMap<String, String>),
+    /// IncrementalAlterConfigs: (name, operation, value), in request order.
+    EditConfigs(Vec<(String, i8, Option<String>)>),
 }
 
-/// A change to a topic's config overrides, run on the controller.
-pub type ConfigEdit =
-    Box<dyn FnOnce(&mut BTreeMap<String, String>) -> Result<(), BrokerError> + Send>;
-
-/// Replaces (`AlterConfigs`) or edits (`IncrementalAlterConfigs`) a topic's overrides.
-pub async fn alter_topic_configs(
+/// Makes `change` to topic `name` on a copy of its record on the controller; unless
+/// `validate_only`, the copy replaces the record and the new metadata is persisted and
+/// published.
+pub async fn change_topic(
     shard: &Rc<Shard>,
     name: String,
-    edit: ConfigEdit,
+    change: TopicChange,
     validate_only: bool,
 ) -> Result<(), BrokerError> {
-    change_topic(shard, name, validate_only, move |t, _| {
-        edit(&mut t.configs)?;
-        validate_configs(&t.configs)
-    })
-    .await
-}
-
-/// Runs `change` on a copy of one topic's record on the controller; unless `validate_only`,
-/// the copy replaces the record and the new metadata is persisted and published.
-async fn change_topic<F>(
-    shard: &Rc<Shard>,
-    name: String,
-    validate_only: bool,
-    change: F,
-) -> Result<(), BrokerError>
-where
-    F: FnOnce(&mut TopicRecord, &BTreeMap<i32, BrokerRecord>) -> Result<(), BrokerError>
-        + Send
-        + 'static,
-{
+    let defaults = shard.config.topic_defaults.clone();
     shard
         .on_controller(move |shard| {
             async move {
@@ -317,7 +326,19 @@ where
                         .topic_mut(&name)
                         .ok_or(BrokerError::UnknownTopicOrPartition)?;
                     let mut changed = t.clone();
-                    change(&mut changed, &brokers)?;
+                    match change {
+                        TopicChange::Partitions(count) => {
+                            add_partitions(&mut changed, &brokers, count)?
+                        }
+                        TopicChange::SetConfigs(configs) => {
+                            changed.configs = configs;
+                            validate_configs(&changed.configs)?;
+                        }
+                        TopicChange::EditConfigs(ops) => {
+                            apply_ops(&mut changed.configs, ops, &defaults)?;
+                            validate_configs(&changed.configs)?;
+                        }
+                    }
                     if !validate_only {
                         *t = changed;
                     }
@@ -331,4 +352,36 @@ where
             .boxed_local()
         })
         .await
+}
+
+/// CreatePartitions on a copy of a topic's record: raises its partition count to `count`.
+fn add_partitions(
+    t: &mut TopicRecord,
+    brokers: &BTreeMap<i32, BrokerRecord>,
+    count: i32,
+) -> Result<(), BrokerError> {
+    if count < t.partitions {
+        return Err(BrokerError::InvalidPartitions(format!(
+            "Topic currently has {} partitions, which is higher than the requested {count}.",
+            t.partitions
+        )));
+    }
+    if count == t.partitions {
+        return Err(BrokerError::InvalidPartitions(format!(
+            "Topic already has {} partitions.",
+            t.partitions
+        )));
+    }
+    if count > PARTITIONS_MAX {
+        return Err(BrokerError::InvalidPartitions(format!(
+            "Number of partitions must be at most {PARTITIONS_MAX}."
+        )));
+    }
+    // New partitions get as many replicas as the first one has.
+    let rf = t.replicas.first().map_or(1, |r| r.len()) as i16;
+    let added = assign_replicas(brokers, t.partitions, count - t.partitions, rf, 0)
+        .map_err(BrokerError::InvalidReplicationFactor)?;
+    t.replicas.extend(added);
+    t.partitions = count;
+    Ok(())
 }

@@ -3,17 +3,19 @@
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
+use std::time::Instant;
 
 use kafka_protocol::messages::alter_configs_response::AlterConfigsResourceResponse;
 use kafka_protocol::messages::{AlterConfigsRequest, AlterConfigsResponse};
 use kafka_protocol::protocol::StrBytes;
 
 use crate::errors::BrokerError;
-use crate::kafka::handlers::admin;
+use crate::kafka::handlers::admin::{self, TopicChange, CONTROLLER_CHANGE_TIMEOUT};
 use crate::kafka::handlers::describe_configs::{RESOURCE_BROKER, RESOURCE_TOPIC};
 use crate::kafka::RequestContext;
 
 pub async fn handle(ctx: Rc<RequestContext>, req: AlterConfigsRequest) -> AlterConfigsResponse {
+    let deadline = Instant::now() + CONTROLLER_CHANGE_TIMEOUT;
     let mut responses = Vec::with_capacity(req.resources.len());
     for r in req.resources {
         let result = match r.resource_type {
@@ -36,15 +38,12 @@ pub async fn handle(ctx: Rc<RequestContext>, req: AlterConfigsRequest) -> AlterC
                 match error {
                     Some(e) => Err(e),
                     None => {
-                        let edit = Box::new(move |current: &mut BTreeMap<String, String>| {
-                            *current = configs;
-                            Ok(())
-                        });
-                        admin::alter_topic_configs(
+                        admin::change_topic_anywhere(
                             &ctx.shard,
                             r.resource_name.to_string(),
-                            edit,
+                            TopicChange::SetConfigs(configs),
                             req.validate_only,
+                            deadline,
                         )
                         .await
                     }
@@ -61,7 +60,7 @@ pub async fn handle(ctx: Rc<RequestContext>, req: AlterConfigsRequest) -> AlterC
             .with_resource_type(r.resource_type)
             .with_resource_name(r.resource_name);
         responses.push(match result {
-            Ok(()) => base,
+            Ok(()) => base.with_error_message(None),
             Err(e) => base
                 .with_error_code(e.code())
                 .with_error_message(Some(StrBytes::from_string(e.to_string()))),

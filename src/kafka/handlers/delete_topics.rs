@@ -1,6 +1,7 @@
 //! DeleteTopics (API 20): by name, or by topic id from v6.
 
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
 use kafka_protocol::messages::{DeleteTopicsRequest, DeleteTopicsResponse, TopicName};
@@ -33,7 +34,10 @@ pub async fn handle(ctx: Rc<RequestContext>, req: DeleteTopicsRequest) -> Delete
         }
     }
     let names: Vec<String> = wanted.iter().filter_map(|(_, _, r)| r.clone()).collect();
-    let mut results = admin::delete_topics(&ctx.shard, names).await.into_iter();
+    let deadline = Instant::now() + Duration::from_millis(req.timeout_ms.max(0) as u64);
+    let mut results = admin::delete_topics_anywhere(&ctx.shard, names, deadline)
+        .await
+        .into_iter();
     let responses = wanted
         .into_iter()
         .map(|(name, id, resolved)| {

@@ -11,6 +11,7 @@ use std::time::Instant;
 use kafka_protocol::messages::find_coordinator_response::Coordinator;
 use kafka_protocol::messages::{BrokerId, FindCoordinatorRequest, FindCoordinatorResponse};
 use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::ResponseError;
 
 use crate::errors::BrokerError;
 use crate::group::{partition_for, OFFSETS_TOPIC};
@@ -126,7 +127,8 @@ async fn ensure_offsets_topic(ctx: &RequestContext) -> Result<(), BrokerError> {
         .await
         .remove(0)
     {
-        Ok(_) | Err(BrokerError::TopicAlreadyExists(_)) => Ok(()),
+        Ok(_) => Ok(()),
+        Err(e) if e.code() == ResponseError::TopicAlreadyExists.code() => Ok(()),
         Err(e) => {
             tracing::warn!(error = %e, "cannot create {OFFSETS_TOPIC}");
             Err(BrokerError::CoordinatorNotAvailable(e.to_string()))

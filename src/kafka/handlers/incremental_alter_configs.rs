@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
+use std::time::Instant;
 
 use kafka_protocol::messages::incremental_alter_configs_response::AlterConfigsResourceResponse;
 use kafka_protocol::messages::{IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse};
@@ -10,7 +11,7 @@ use kafka_protocol::protocol::StrBytes;
 
 use crate::config::{topic_config_def, ConfigKind};
 use crate::errors::BrokerError;
-use crate::kafka::handlers::admin;
+use crate::kafka::handlers::admin::{self, TopicChange, CONTROLLER_CHANGE_TIMEOUT};
 use crate::kafka::handlers::describe_configs::{RESOURCE_BROKER, RESOURCE_TOPIC};
 use crate::kafka::RequestContext;
 
@@ -18,7 +19,7 @@ pub async fn handle(
     ctx: Rc<RequestContext>,
     req: IncrementalAlterConfigsRequest,
 ) -> IncrementalAlterConfigsResponse {
-    let defaults = ctx.shard.config.topic_defaults.clone();
+    let deadline = Instant::now() + CONTROLLER_CHANGE_TIMEOUT;
     let mut responses = Vec::with_capacity(req.resources.len());
     for r in req.resources {
         let result = match r.resource_type {
@@ -34,15 +35,12 @@ pub async fn handle(
                         )
                     })
                     .collect();
-                let defaults = defaults.clone();
-                let edit = Box::new(move |current: &mut BTreeMap<String, String>| {
-                    apply_ops(current, ops, &defaults)
-                });
-                admin::alter_topic_configs(
+                admin::change_topic_anywhere(
                     &ctx.shard,
                     r.resource_name.to_string(),
-                    edit,
+                    TopicChange::EditConfigs(ops),
                     req.validate_only,
+                    deadline,
                 )
                 .await
             }
@@ -57,7 +55,7 @@ pub async fn handle(
             .with_resource_type(r.resource_type)
             .with_resource_name(r.resource_name);
         responses.push(match result {
-            Ok(()) => base,
+            Ok(()) => base.with_error_message(None),
             Err(e) => base
                 .with_error_code(e.code())
                 .with_error_message(Some(StrBytes::from_string(e.to_string()))),
@@ -66,7 +64,7 @@ pub async fn handle(
     IncrementalAlterConfigsResponse::default().with_responses(responses)
 }
 
-fn apply_ops(
+pub(crate) fn apply_ops(
     current: &mut BTreeMap<String, String>,
     ops: Vec<(String, i8, Option<String>)>,
     defaults: &BTreeMap<&'static str, String>,

@@ -10,6 +10,7 @@ use kafka_protocol::messages::metadata_response::{
 };
 use kafka_protocol::messages::{BrokerId, MetadataRequest, MetadataResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::ResponseError;
 
 use crate::errors::BrokerError;
 use crate::group::is_internal_topic;
@@ -48,7 +49,7 @@ pub async fn handle(ctx: Rc<RequestContext>, req: MetadataRequest) -> MetadataRe
                     .zip(&missing)
             {
                 if let Err(e) = r {
-                    if !matches!(e, BrokerError::TopicAlreadyExists(_)) {
+                    if e.code() != ResponseError::TopicAlreadyExists.code() {
                         tracing::warn!(topic = %spec.name, error = %e, "auto-creation failed");
                     }
                 }

@@ -66,7 +66,7 @@ pub async fn create_topics(
                 let num_partitions = shard.config.num_partitions;
                 let default_rf = shard.config.default_replication_factor;
                 let mut results = Vec::with_capacity(specs.len());
-                let mut changed = false;
+                let mut created = Vec::new();
                 for spec in specs {
                     let r = shard.with_controller(|c| {
                         validate_topic_name(&spec.name).map_err(|m| BrokerError::InvalidTopic(format!("Topic name is invalid: {m}")))?;
@@ -131,14 +131,18 @@ pub async fn create_topics(
                         Ok((id, partitions))
                     });
                     if r.is_ok() && !validate_only {
-                        changed = true;
-                        tracing::info!(topic = %spec.name, "created topic");
+                        created.push(spec.name);
                     }
                     results.push(r);
                 }
-                if changed {
+                if !created.is_empty() {
+                    // A node that does not lead the controller fails here (NOT_CONTROLLER),
+                    // and the caller forwards.
                     if let Err(e) = shard.commit_metadata().await {
                         return results.into_iter().map(|_| Err(e.clone())).collect();
+                    }
+                    for topic in created {
+                        tracing::info!(%topic, "created topic");
                     }
                 }
                 results

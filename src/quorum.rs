@@ -40,7 +40,6 @@ use futures::FutureExt;
 use openraft::storage::{RaftLogReader, RaftLogStorage};
 use openraft::{AsyncRuntime, BasicNode, EntryPayload, Raft};
 use serde::{Deserialize, Serialize};
-use uuid::Uuid;
 
 use crate::errors::BrokerError;
 use crate::group::codec;
@@ -68,7 +67,7 @@ const PROPOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A request a node forwards to the controller leader.
 #[derive(Debug, Serialize, Deserialize)]
-enum Forwarded {
+pub enum Forwarded {
     RegisterBroker {
         id: i32,
         record: BrokerRecord,
@@ -92,47 +91,10 @@ enum Forwarded {
 /// error code and message.
 type Reply<T> = Vec<Result<T, (i16, String)>>;
 
-/// Creates topics at the controller leader: per topic, its id and partition count.
-pub async fn forward_create_topics(
-    shard: &Rc<Shard>,
-    specs: Vec<TopicSpec>,
-    ttl: Duration,
-) -> Vec<Result<(Uuid, i32), BrokerError>> {
-    let n = specs.len();
-    forward_to_controller(shard, Forwarded::CreateTopics(specs), n, ttl).await
-}
-
-/// Deletes topics at the controller leader: per topic, its id.
-pub async fn forward_delete_topics(
-    shard: &Rc<Shard>,
-    names: Vec<String>,
-    ttl: Duration,
-) -> Vec<Result<Uuid, BrokerError>> {
-    let n = names.len();
-    forward_to_controller(shard, Forwarded::DeleteTopics(names), n, ttl).await
-}
-
-/// Changes one topic at the controller leader.
-pub async fn forward_topic_change(
-    shard: &Rc<Shard>,
-    name: String,
-    change: TopicChange,
-    validate_only: bool,
-    ttl: Duration,
-) -> Result<(), BrokerError> {
-    let request = Forwarded::ChangeTopic {
-        name,
-        change,
-        validate_only,
-    };
-    let mut results = forward_to_controller(shard, request, 1, ttl).await;
-    results.remove(0)
-}
-
 /// Sends `request` to the controller leader and waits up to `ttl` for its `n` results.
 /// NOT_CONTROLLER (the leader moved) and REQUEST_TIMED_OUT (no leader known, or no answer)
 /// may be asked again.
-async fn forward_to_controller<T>(
+pub async fn forward_to_controller<T>(
     shard: &Rc<Shard>,
     request: Forwarded,
     n: usize,

@@ -12,6 +12,7 @@ use crate::config::{topic_config_def, validate_value};
 use crate::errors::BrokerError;
 use crate::kafka::handlers::incremental_alter_configs::apply_ops;
 use crate::metadata::{assign_replicas, validate_topic_name, BrokerRecord, TopicRecord};
+use crate::quorum::{forward_to_controller, Forwarded};
 use crate::shard::Shard;
 
 /// How long AlterConfigs and IncrementalAlterConfigs, whose requests carry no timeout, wait
@@ -163,7 +164,10 @@ pub async fn create_topics_anywhere(
 ) -> Vec<Result<(Uuid, i32), BrokerError>> {
     let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
     let here = create_topics(shard, specs.clone(), validate_only).await;
-    let forward = |specs, ttl| crate::quorum::forward_create_topics(shard, specs, ttl);
+    let forward = |specs: Vec<TopicSpec>, ttl| {
+        let n = specs.len();
+        forward_to_controller(shard, Forwarded::CreateTopics(specs), n, ttl)
+    };
     let results = at_controller(specs, here, forward, deadline).await;
     for _ in 0..40 {
         let image = shard.image();
@@ -186,7 +190,10 @@ pub async fn delete_topics_anywhere(
     deadline: Instant,
 ) -> Vec<Result<Uuid, BrokerError>> {
     let here = delete_topics(shard, names.clone()).await;
-    let forward = |names, ttl| crate::quorum::forward_delete_topics(shard, names, ttl);
+    let forward = |names: Vec<String>, ttl| {
+        let n = names.len();
+        forward_to_controller(shard, Forwarded::DeleteTopics(names), n, ttl)
+    };
     at_controller(names, here, forward, deadline).await
 }
 
@@ -200,11 +207,12 @@ pub async fn change_topic_anywhere(
 ) -> Result<(), BrokerError> {
     let here = change_topic(shard, name.clone(), change.clone(), validate_only).await;
     let forward = |_: Vec<()>, ttl| {
-        let (name, change) = (name.clone(), change.clone());
-        async move {
-            let r = crate::quorum::forward_topic_change(shard, name, change, validate_only, ttl);
-            vec![r.await]
-        }
+        let request = Forwarded::ChangeTopic {
+            name: name.clone(),
+            change: change.clone(),
+            validate_only,
+        };
+        forward_to_controller(shard, request, 1, ttl)
     };
     let mut results = at_controller(vec![()], vec![here], forward, deadline).await;
     results.remove(0)

@@ -11,6 +11,8 @@
 #             into whatever `python3` is first on PATH (the one that runs the tests).
 #   Maven     tests/java: kafka-clients + kafka-tools 4.1 + slf4j-simple and our
 #             driver program, all jars in .cache/java/lib.
+#   Kafka CLI kafka-topics.sh & co. in .cache/kafka/bin (scripts/install-kafka-cli.sh,
+#             on Apache Kafka's jars from Maven Central), for the README's examples.
 #   Go        tests/go (franz-go) built to .cache/go/franzcheck. franz-go 1.22 needs
 #             Go >= 1.26, which the project's machines have preinstalled; Debian 12's
 #             golang-go is 1.19, so this step stops with a message where Go is older.
@@ -99,5 +101,8 @@ else
     # GOTOOLCHAIN=local: use the installed Go, never download another toolchain.
     (cd "$go_dir" && GOTOOLCHAIN=local GOFLAGS=-buildvcs=false go build -o "$go_bin" .)
 fi
+
+# ---- Kafka's command-line tools, as the README's examples run them ------------------
+"$repo_root/scripts/install-kafka-cli.sh"
 
 say "done"

@@ -46,6 +46,8 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=error")),
         )
         .with_target(false)
+        // Colours for a terminal only, not for a log file or a journal.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
     if let Err(e) = run() {
         eprintln!("ferrolog: {e:#}");

@@ -154,6 +154,8 @@ fn reply<T: Serialize>(results: Vec<Result<T, BrokerError>>) -> Bytes {
 pub struct Quorum {
     pub raft: GroupRaft,
     pub transport: Rc<Transport>,
+    /// The controller's metadata log (the Raft log of group 0).
+    log: Rc<ferrolog_io::Log>,
     node_id: i32,
 }
 
@@ -239,7 +241,7 @@ impl Quorum {
         )
         .await
         .map_err(|e| anyhow::anyhow!("starting the controller quorum: {e}"))?;
-        transport.register(CONTROLLER_GROUP, raft.clone(), log);
+        transport.register(CONTROLLER_GROUP, raft.clone(), log.clone());
         let voters = members(shard);
         // The lowest voter of a new cluster starts it; the others join when it calls.
         if fresh && voters.keys().next() == Some(&(node_id as u64)) {
@@ -251,10 +253,23 @@ impl Quorum {
         let quorum = Rc::new(Quorum {
             raft,
             transport,
+            log: log.clone(),
             node_id,
         });
         glommio::spawn_local(controller_loop(Rc::downgrade(shard), quorum.clone())).detach();
         Ok(quorum)
+    }
+
+    /// Why the controller can no longer run, if it cannot: its metadata log failed (a storage
+    /// error, with the file and the reason) or its Raft core stopped.
+    pub fn failure(&self) -> Option<String> {
+        if let Some(e) = self.log.failure() {
+            return Some(format!("the controller's metadata log failed: {e}"));
+        }
+        let m = self.raft.metrics().borrow_watched().clone();
+        m.running_state
+            .err()
+            .map(|e| format!("the controller quorum stopped: {e}"))
     }
 
     /// This node leads the quorum and has applied every entry of earlier terms.

@@ -43,6 +43,8 @@ pub const REQUEST_MEMORY_BYTES: u64 = 512 << 20;
 const SHUTDOWN_POLL_MS: u64 = 50;
 /// How long a clean shutdown may take before the process exits anyway.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often shard 0 looks for a failed controller while the broker starts.
+const STARTUP_WATCH_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Set by the signal thread on SIGTERM/SIGINT; every shard then closes its logs.
 static SHUTDOWN: AtomicBool = AtomicBool::new(false);
@@ -495,9 +497,15 @@ impl Shard {
 }
 
 /// Starts `cores` shards and serves until the process is killed. Blocks the calling thread.
-pub fn run(config: BrokerConfig, cores: usize) -> anyhow::Result<()> {
+pub fn run(mut config: BrokerConfig, cores: usize) -> anyhow::Result<()> {
     std::fs::create_dir_all(&config.log_dir)
         .map_err(|e| anyhow::anyhow!("cannot create log.dirs {}: {e}", config.log_dir.display()))?;
+    // Every path below is derived from this one, and glommio opens a directory relative to
+    // no directory at all (`openat(-1, ..)`), so a relative `log.dirs` (the default
+    // `ferrolog-data` among them) must never reach it: resolve it once, here.
+    config.log_dir = std::fs::canonicalize(&config.log_dir).map_err(|e| {
+        anyhow::anyhow!("cannot resolve log.dirs {}: {e}", config.log_dir.display())
+    })?;
     // Both held until the process exits (the kernel drops them with it).
     let _lock = lock_log_dir(&config.log_dir)?;
     let _ports = claim_ports(&config, cores)?;
@@ -526,7 +534,7 @@ pub fn run(config: BrokerConfig, cores: usize) -> anyhow::Result<()> {
             let cluster = cluster.clone();
             async move {
                 if let Err(e) = shard_main(config, cluster, mesh, controller).await {
-                    tracing::error!(error = %e, "shard failed");
+                    tracing::error!("ferrolog stops: {e:#}");
                     std::process::exit(1);
                 }
             }
@@ -706,17 +714,45 @@ async fn shard_main(
         .detach();
     }
     crate::replication::start(&shard)?;
-    if id.0 == 0 {
+    let quorum = if id.0 == 0 {
         // Committed metadata is applied (and published) as the quorum starts; a new cluster
         // gets its first state once a leader is elected.
         let quorum = Quorum::start(&shard, shard.raft_transport.clone()).await?;
-        *shard.quorum.borrow_mut() = Some(quorum);
-    }
-    ready_rx
-        .await
-        .map_err(|_| anyhow::anyhow!("no metadata image arrived"))?;
+        *shard.quorum.borrow_mut() = Some(quorum.clone());
+        Some(quorum)
+    } else {
+        None
+    };
+    wait_ready(ready_rx, quorum).await?;
     glommio::spawn_local(shard.clone().retention_loop()).detach();
     glommio::spawn_local(group::tick_loop(shard.clone())).detach();
     glommio::spawn_local(shutdown_watch(shard.clone())).detach();
     crate::kafka::server::serve(shard).await
+}
+
+/// Waits for the shard's first metadata image. Shard 0 also watches the controller meanwhile:
+/// if its metadata log fails (a storage error) or its Raft core stops before the broker is
+/// ready, start-up ends with the reason instead of running on without a listener.
+async fn wait_ready(
+    ready: oneshot::Receiver<()>,
+    quorum: Option<Rc<Quorum>>,
+) -> anyhow::Result<()> {
+    let failed = async {
+        let Some(quorum) = quorum else {
+            return futures::future::pending().await;
+        };
+        loop {
+            if let Some(why) = quorum.failure() {
+                return why;
+            }
+            glommio::timer::sleep(STARTUP_WATCH_INTERVAL).await;
+        }
+    };
+    match futures::future::select(ready, std::pin::pin!(failed)).await {
+        futures::future::Either::Left((Ok(()), _)) => Ok(()),
+        futures::future::Either::Left((Err(_), _)) => {
+            Err(anyhow::anyhow!("no metadata image arrived"))
+        }
+        futures::future::Either::Right((why, _)) => Err(anyhow::anyhow!("{why}")),
+    }
 }

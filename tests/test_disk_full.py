@@ -89,3 +89,27 @@ def test_full_disk_gives_storage_error_and_reads_go_on(tmp_path, small_disk):
         assert "storage error" in log, log
     finally:
         broker.stop()
+
+
+def test_start_up_on_a_full_disk_stops_with_the_reason(tmp_path, small_disk):
+    """A broker whose first writes fail (here: the controller's metadata log on a full disk)
+    exits non-zero with one line naming the file and the reason, instead of running on
+    without a listener."""
+    data = small_disk / "data"
+    (data / "__cluster_metadata-0").mkdir(parents=True)
+    # Fill every block; files can still be created (inodes are left), not written.
+    subprocess.run(["dd", "if=/dev/zero", f"of={small_disk}/filler", "bs=1M"], capture_output=True, check=False)
+    broker = Broker(tmp_path, overrides={"log.dirs": data})
+    broker.launch()
+    try:
+        code = broker.proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the broker kept running after its metadata log failed:\n{broker.log_tail(40)}")
+    finally:
+        broker.proc.kill()
+        broker.proc.wait()
+        broker.proc = None
+    assert code != 0
+    last = broker.log_tail(1)
+    assert "ferrolog stops" in last and "No space left on device" in last, broker.log_tail(40)
+    assert str(data / "__cluster_metadata-0") in last, last

@@ -85,6 +85,9 @@ impl Log {
     /// corrupt tail is cut off, indexes that are missing or do not fit are rebuilt.
     pub async fn open(dir: &Path, config: LogConfig, now_ms: i64) -> Result<Rc<Log>, LogError> {
         config.validate();
+        // glommio opens directories with `openat(-1, ..)`, which takes absolute paths only;
+        // every path of this log is derived from `dir`.
+        let dir = &std::path::absolute(dir).map_err(|e| io_error("resolving", dir, e))?;
         std::fs::create_dir_all(dir).map_err(|e| io_error("creating", dir, e))?;
         let mut bases = Vec::new();
         let entries = std::fs::read_dir(dir).map_err(|e| io_error("listing", dir, e))?;

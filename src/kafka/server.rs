@@ -19,7 +19,10 @@ pub const IN_FLIGHT_MAX: usize = 32;
 pub async fn serve(shard: Rc<Shard>) -> anyhow::Result<()> {
     let listener = TcpListener::bind(shard.config.listen_addr)
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", shard.config.listen_addr))?;
-    tracing::info!(shard = shard.id.0, addr = %shard.config.listen_addr, "listening");
+    tracing::debug!(shard = shard.id.0, addr = %shard.config.listen_addr, "listening");
+    if shard.id.0 == 0 {
+        announce_ready(&shard.config);
+    }
     loop {
         match listener.accept().await {
             Ok(stream) => {
@@ -39,6 +42,17 @@ pub async fn serve(shard: Rc<Shard>) -> anyhow::Result<()> {
             }
         }
     }
+}
+
+/// The one line a person starting the broker acts on: where clients connect, where the data
+/// is, and a command to try it with.
+fn announce_ready(config: &crate::config::BrokerConfig) {
+    let client = format!("{}:{}", config.advertised_host, config.advertised_port);
+    tracing::info!(
+        "ferrolog is ready: Kafka clients connect to {client} (listening on {}), data in {}; try `kcat -b {client} -L`",
+        config.listen_addr,
+        config.log_dir.display(),
+    );
 }
 
 struct InFlight {

@@ -442,13 +442,7 @@ impl Log {
                         .await
                         .map_err(|e| io_error("creating", &path, e))?,
                 );
-                let dir = Directory::open(&self.dir)
-                    .await
-                    .map_err(|e| io_error("opening", &self.dir, e))?;
-                dir.sync()
-                    .await
-                    .map_err(|e| io_error("syncing", &self.dir, e))?;
-                let _ = dir.close().await;
+                sync_dir(&self.dir).await?;
                 let mut st = self.state.borrow_mut();
                 let seg = find_segment_mut(&mut st.segments, base).expect("segment exists");
                 seg.file = Some(f.clone());
@@ -874,6 +868,12 @@ impl Log {
         for seg in doomed.iter().rev() {
             remove_files(&[seg.log_path(), seg.index_path(), seg.time_index_path()])?;
         }
+        if !doomed.is_empty() {
+            // The deletions must be durable before the cut: after a power loss, segments
+            // that came back past a cut segment would put the dropped entries back behind a
+            // hole.
+            sync_dir(&self.dir).await?;
+        }
         let (base, scan_from) = keep;
         let mut seg = Segment::new(&self.dir, base, now_ms);
         let path = seg.log_path();
@@ -1173,6 +1173,19 @@ impl<'a> ChunkCursor<'a> {
     }
 }
 
+/// Makes the entries of `dir` (files created, deleted or renamed in it) durable.
+async fn sync_dir(dir: &Path) -> Result<(), LogError> {
+    let handle = Directory::open(dir)
+        .await
+        .map_err(|e| io_error("opening", dir, e))?;
+    handle
+        .sync()
+        .await
+        .map_err(|e| io_error("syncing", dir, e))?;
+    let _ = handle.close().await;
+    Ok(())
+}
+
 /// Deletes `paths`; one already gone is fine.
 fn remove_files(paths: &[PathBuf]) -> Result<(), LogError> {
     for path in paths {
@@ -1382,6 +1395,10 @@ async fn recover_segment(
         file.truncate(pos)
             .await
             .map_err(|e| io_error("truncating", &path, e))?;
+    }
+    if last || pos < file_size {
+        // The log calls everything it holds durable once open, but the tail may have been
+        // written and never synced before a crash of the process: sync it now.
         file.fdatasync()
             .await
             .map_err(|e| io_error("syncing", &path, e))?;

@@ -53,6 +53,11 @@ pub struct TopicRecord {
     /// written before clusters existed: every partition then lives on the only node.
     #[serde(default)]
     pub replicas: Vec<Vec<i32>>,
+    /// Unique in the cluster and never reused, given at creation: the high word of its
+    /// partitions' Raft group ids (`replica::group_id`). `None` for topics created before
+    /// numbers existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raft_number: Option<u32>,
 }
 
 /// A node as the controller knows it.
@@ -103,6 +108,9 @@ pub struct ClusterState {
     /// Leaders of replicated partitions, by `partition_key`.
     #[serde(default)]
     pub leaders: BTreeMap<String, LeaderRecord>,
+    /// The `raft_number` the next topic gets.
+    #[serde(default)]
+    pub next_raft_number: u32,
 }
 
 /// A topic as shards see it.
@@ -115,9 +123,16 @@ pub struct TopicMeta {
     pub settings: TopicSettings,
     /// Replicas of each partition, preferred leader first (one entry per partition).
     pub replicas: Vec<Vec<i32>>,
+    /// See `TopicRecord::raft_number`.
+    pub raft_number: Option<u32>,
 }
 
 impl TopicMeta {
+    /// The Raft group of `partition`, should it be replicated.
+    pub fn raft_group(&self, partition: i32) -> ferrolog_raft::wire::GroupId {
+        crate::replica::group_id(&self.id, self.raft_number, partition)
+    }
+
     /// Leader, leader epoch and ISR of `partition`. One replica: that node, epoch 0. More:
     /// what the Raft leader last reported. `None` when the leader is unknown or fenced.
     pub fn leadership(&self, partition: i32, image: &MetadataImage) -> Option<LeaderRecord> {
@@ -238,6 +253,7 @@ impl Controller {
                 topics: Vec::new(),
                 brokers: BTreeMap::new(),
                 leaders: BTreeMap::new(),
+                next_raft_number: 0,
             },
             applied: None,
             legacy,
@@ -265,6 +281,7 @@ impl Controller {
                 topics: Vec::new(),
                 brokers: BTreeMap::new(),
                 leaders: BTreeMap::new(),
+                next_raft_number: 0,
             },
         };
         state.brokers.insert(node_id, me);
@@ -309,6 +326,7 @@ impl Controller {
                     configs: t.configs.clone(),
                     settings: TopicSettings::resolve(defaults, &t.configs),
                     replicas: t.replicas.clone(),
+                    raft_number: t.raft_number,
                 },
             );
         }

@@ -167,11 +167,11 @@ fn raft_config() -> Arc<openraft::Config> {
         election_timeout_max: 2000,
         // Snapshots carry no data (the log is the state), so the log must never be purged.
         snapshot_policy: openraft::SnapshotPolicy::Never,
-        // A node back from a network cut does not depose a live controller (see replica.rs).
-        enable_pre_vote: Some(true),
         ..openraft::Config::default()
     };
-    Arc::new(config.validate().expect("valid controller Raft config"))
+    // Pre-Vote (a node back from a network cut does not depose a live controller) and no
+    // leader restore, as for partitions.
+    ferrolog_raft::group_config(config)
 }
 
 fn members(shard: &Shard) -> BTreeMap<u64, BasicNode> {
@@ -241,7 +241,7 @@ impl Quorum {
         )
         .await
         .map_err(|e| anyhow::anyhow!("starting the controller quorum: {e}"))?;
-        transport.register(CONTROLLER_GROUP, raft.clone(), log.clone());
+        transport.register(CONTROLLER_GROUP, raft.clone(), log.clone())?;
         let voters = members(shard);
         // The lowest voter of a new cluster starts it; the others join when it calls.
         if fresh && voters.keys().next() == Some(&(node_id as u64)) {

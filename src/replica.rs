@@ -71,14 +71,33 @@ const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(10);
 const LOG_START_POLL: Duration = Duration::from_millis(20);
 const LOG_START_ASK_TTL: Duration = Duration::from_secs(1);
 
-/// The Raft group id of a partition: the same on every node, never the controller's 0.
-pub fn group_id(topic_id: &Uuid, partition: i32) -> GroupId {
-    let mut key = [0u8; 20];
-    key[..16].copy_from_slice(topic_id.as_bytes());
-    key[16..].copy_from_slice(&partition.to_be_bytes());
-    let hi = u64::from(crc32c::crc32c(&key));
-    let lo = u64::from(crc32c::crc32c_append(0x9e37_79b9, &key));
-    GroupId((hi << 32 | lo) | 1 << 63)
+/// Bit 63 marks a partition group (the controller is group 0); bit 62 one whose topic has a
+/// Raft number, so those never meet the hashed ids of older topics.
+const PARTITION_GROUP: u64 = 1 << 63;
+const NUMBERED_GROUP: u64 = 1 << 62;
+
+/// The Raft group id of a partition: the same on every node, never the controller's 0, and
+/// never another partition's. A topic's `raft_number` (unique in the cluster, given by the
+/// controller at creation) is the high word and the partition the low one, offset by the
+/// number so that one-partition topics spread over the shards (`GroupId::shard`). Topics
+/// created before numbers existed keep a hashed id, which may collide with another old
+/// topic's; the transport then refuses the second group loudly (`Transport::register`).
+pub fn group_id(topic_id: &Uuid, raft_number: Option<u32>, partition: i32) -> GroupId {
+    let partition = u32::try_from(partition).expect("a partition index is not negative");
+    match raft_number {
+        Some(number) => {
+            assert!(number < 1 << 30, "a topic's Raft number fits in 30 bits");
+            let low = partition.wrapping_add(number);
+            GroupId(PARTITION_GROUP | NUMBERED_GROUP | u64::from(number) << 32 | u64::from(low))
+        }
+        None => {
+            let mut key = [0u8; 20];
+            key[..16].copy_from_slice(topic_id.as_bytes());
+            key[16..].copy_from_slice(&partition.to_be_bytes());
+            let hash = u64::from(crc32c::crc32c(&key));
+            GroupId(PARTITION_GROUP | hash)
+        }
+    }
 }
 
 fn raft_config() -> Arc<openraft::Config> {
@@ -94,13 +113,12 @@ fn raft_config() -> Arc<openraft::Config> {
         // purges nothing on its own.
         snapshot_policy: openraft::SnapshotPolicy::Never,
         max_in_snapshot_log_to_keep: u64::MAX,
-        // A replica stands for election only once a majority would vote for it, so one that
-        // missed its leader's beats (or restarted) does not bump the term under a live
-        // leader: the transport refuses Pre-Votes while the group hears from its leader.
-        enable_pre_vote: Some(true),
         ..openraft::Config::default()
     };
-    Arc::new(config.validate().expect("valid partition Raft config"))
+    // With Pre-Vote, a replica that missed its leader's beats (or restarted) does not bump
+    // the term under a live leader: the transport refuses Pre-Votes while the group hears
+    // from its leader. No leader restore: see `group_config`.
+    ferrolog_raft::group_config(config)
 }
 
 /// How often the leader samples its log end for the ISR at most (see `Replica::end_sample`),
@@ -271,7 +289,10 @@ impl Replica {
         )
         .await
         .map_err(std::io::Error::other)?;
-        transport.register(group, raft.clone(), log.clone());
+        if let Err(e) = transport.register(group, raft.clone(), log.clone()) {
+            let _ = raft.shutdown().await;
+            return Err(std::io::Error::other(e));
+        }
         if fresh && replicas.first() == Some(&node_id) {
             let members: BTreeMap<u64, BasicNode> = replicas
                 .iter()
@@ -823,5 +844,78 @@ impl Replica {
     /// The group's id on the wire.
     pub fn group(&self) -> GroupId {
         self.group
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A topic id other than `a` whose partition 0 has the same CRC32C key as `a`'s (CRC is
+    /// linear: any combination of bit flips in the id that the CRC maps to zero keeps it).
+    fn crc_twin(a: Uuid) -> Uuid {
+        let key = |id: &[u8; 16]| {
+            let mut k = [0u8; 20];
+            k[..16].copy_from_slice(id);
+            crc32c::crc32c(&k)
+        };
+        let zero = key(&[0; 16]);
+        // Gaussian elimination over GF(2): each row is (CRC difference, the bits flipped).
+        let mut rows: Vec<(u32, u128)> = Vec::new();
+        for bit in 0..128 {
+            let flip = 1u128 << bit;
+            let mut diff = key(&flip.to_be_bytes()) ^ zero;
+            let mut combo = flip;
+            for (pivot_diff, pivot_combo) in &rows {
+                let pivot = 31 - pivot_diff.leading_zeros();
+                if diff >> pivot & 1 == 1 {
+                    diff ^= pivot_diff;
+                    combo ^= pivot_combo;
+                }
+            }
+            if diff == 0 {
+                let twin = u128::from_be_bytes(*a.as_bytes()) ^ combo;
+                return Uuid::from_bytes(twin.to_be_bytes());
+            }
+            rows.push((diff, combo));
+            rows.sort_by_key(|(d, _)| std::cmp::Reverse(*d));
+        }
+        unreachable!("128 vectors in a 32-bit space are dependent")
+    }
+
+    #[test]
+    fn topics_whose_ids_hash_alike_get_distinct_groups() {
+        let a = Uuid::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef);
+        let b = crc_twin(a);
+        assert_ne!(a, b);
+        // The hashed ids of topics created before Raft numbers collide for these two.
+        assert_eq!(group_id(&a, None, 0), group_id(&b, None, 0));
+        // Numbered topics never do, whatever their ids.
+        assert_ne!(group_id(&a, Some(0), 0), group_id(&b, Some(1), 0));
+    }
+
+    #[test]
+    fn numbered_group_ids_are_distinct_and_spread_over_shards() {
+        let id = Uuid::from_u128(7);
+        let mut seen = std::collections::HashSet::new();
+        for number in (0..3000).chain([(1 << 30) - 1]) {
+            for partition in [0, 1, 2, 63, 1000, i32::MAX] {
+                let group = group_id(&id, Some(number), partition);
+                assert_ne!(group.0, 0, "never the controller's group");
+                assert_ne!(group.0 & NUMBERED_GROUP, 0);
+                assert!(seen.insert(group), "{number}/{partition} repeats {group:?}");
+            }
+        }
+        // One-partition topics spread over a node's shards.
+        for shards in [2, 3, 4] {
+            let mut per_shard = vec![0; shards];
+            for number in 0..120 {
+                per_shard[group_id(&id, Some(number), 0).shard(shards)] += 1;
+            }
+            assert!(
+                per_shard.iter().all(|n| *n == 120 / shards),
+                "{shards} shards: {per_shard:?}"
+            );
+        }
     }
 }

@@ -152,7 +152,7 @@ impl Shard {
             .get(partition as usize)
             .is_some_and(|r| r.len() > 1);
         if replicated {
-            ShardId(crate::replica::group_id(&topic.id, partition).shard(self.count))
+            ShardId(topic.raft_group(partition).shard(self.count))
         } else {
             shard_for(&topic.id, partition, self.count)
         }
@@ -341,6 +341,7 @@ impl Shard {
                     _ => to_open.push((
                         tp,
                         topic.id,
+                        topic.raft_group(p),
                         topic.settings.clone(),
                         topic.replicas[p as usize].clone(),
                     )),
@@ -371,12 +372,11 @@ impl Shard {
                 tracing::info!(topic = %tp.topic, partition = tp.partition, "deleted partition");
             }
         }
-        for (tp, id, settings, replicas) in to_open {
+        for (tp, id, group, settings, replicas) in to_open {
             let opened = if replicas.len() > 1 {
                 let transport = self.raft_transport.clone();
                 let config = self.config.clone();
                 let log_start_asked = self.log_start_asked.clone();
-                let group = crate::replica::group_id(&id, tp.partition);
                 Partition::open_replicated(
                     &self.config.log_dir,
                     &tp.topic,

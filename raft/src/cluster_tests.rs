@@ -56,10 +56,14 @@ struct Node {
 
 impl Node {
     fn start(id: u64, port: u16, dir: PathBuf) -> Node {
+        Node::start_with(id, port, dir, config())
+    }
+
+    fn start_with(id: u64, port: u16, dir: PathBuf, config: Arc<Config>) -> Node {
         let (tx, rx) = mpsc::channel(16);
         let thread = std::thread::spawn(move || {
             let mut rt = <GlommioRuntime as AsyncRuntime>::new(1);
-            rt.block_on(run_node(id, port, dir, rx));
+            rt.block_on(run_node(id, port, dir, config, rx));
         });
         Node {
             commands: tx,
@@ -94,7 +98,13 @@ fn config() -> Arc<Config> {
     Arc::new(config.validate().expect("valid raft config"))
 }
 
-async fn run_node(id: u64, port: u16, dir: PathBuf, mut commands: mpsc::Receiver<Command>) {
+async fn run_node(
+    id: u64,
+    port: u16,
+    dir: PathBuf,
+    config: Arc<Config>,
+    mut commands: mpsc::Receiver<Command>,
+) {
     let transport = Transport::new();
     let listener =
         glommio::net::TcpListener::bind(("127.0.0.1", port)).expect("bind the raft port");
@@ -117,10 +127,18 @@ async fn run_node(id: u64, port: u16, dir: PathBuf, mut commands: mpsc::Receiver
         .expect("open store");
         let (log, view) = (store.log().clone(), store.view());
         let sm = PartitionStateMachine::open(store.view(), Box::new(|_| {})).expect("open sm");
-        let raft = Raft::new(id, config(), transport.factory(group), store, sm)
+        let raft = Raft::new(id, config.clone(), transport.factory(group), store, sm)
             .await
             .expect("start raft");
-        transport.register(group, raft.clone(), log.clone());
+        transport
+            .register(group, raft.clone(), log.clone())
+            .expect("distinct groups");
+        assert!(
+            transport
+                .register(group, raft.clone(), log.clone())
+                .is_err(),
+            "a second registration of a group id is refused"
+        );
         groups.insert(group, (raft, log, view));
     }
     while let Some(command) = commands.next().await {
@@ -289,11 +307,21 @@ fn assert_logs_identical(nodes: &mut BTreeMap<u64, Node>) -> Vec<usize> {
 
 /// Starts nodes 1-3 under `root` on free ports and has node 1 initialize every group.
 fn start_cluster(root: &std::path::Path) -> (BTreeMap<u64, u16>, BTreeMap<u64, Node>) {
+    start_cluster_with(root, config())
+}
+
+fn start_cluster_with(
+    root: &std::path::Path,
+    config: Arc<Config>,
+) -> (BTreeMap<u64, u16>, BTreeMap<u64, Node>) {
     let _ = std::fs::remove_dir_all(root);
     let ports: BTreeMap<u64, u16> = (1..=3).map(|id| (id, free_port())).collect();
     let mut nodes: BTreeMap<u64, Node> = ports
         .iter()
-        .map(|(&id, &port)| (id, Node::start(id, port, root.join(format!("node-{id}")))))
+        .map(|(&id, &port)| {
+            let dir = root.join(format!("node-{id}"));
+            (id, Node::start_with(id, port, dir, config.clone()))
+        })
         .collect();
     let members: BTreeMap<u64, BasicNode> = ports
         .iter()
@@ -395,6 +423,80 @@ fn a_node_behind_the_purged_log_takes_a_snapshot() {
         before[..],
         "node 3's log survived the restart"
     );
+    for (_, mut n) in nodes {
+        n.stop();
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// What a crash leaves of a leader that had not yet written its last batch: the batch's
+/// bytes in its group's last segment read as zeros (an unsynced tail), all else stays.
+fn lose_last_batch(group_dir: &std::path::Path) {
+    let mut segments: Vec<PathBuf> = std::fs::read_dir(group_dir)
+        .expect("group dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    segments.sort();
+    for segment in segments.iter().rev() {
+        let mut bytes = std::fs::read(segment).expect("read segment");
+        let (mut pos, mut last) = (0, None);
+        while let Ok(h) = batch::verify(&bytes[pos..]) {
+            last = Some((pos, h));
+            pos += h.total_bytes();
+        }
+        if let Some((pos, h)) = last {
+            assert!(!h.is_control(), "the last batch is the test's write");
+            bytes[pos..pos + h.total_bytes()].fill(0);
+            std::fs::write(segment, bytes).expect("write segment");
+            return;
+        }
+    }
+    panic!("no batch in {}", group_dir.display());
+}
+
+#[test]
+fn a_leader_restarted_without_its_unsynced_tail_loses_no_acknowledged_write() {
+    let root = std::env::temp_dir().join(format!("ferrolog-raft-restore-{}", std::process::id()));
+    // ferrolog's own settings (`group_config`), with elections slow enough that the old leader
+    // is back well before its followers would stand.
+    let config = crate::group_config(Config {
+        cluster_name: "ferrolog-test".into(),
+        heartbeat_interval: 100,
+        election_timeout_min: 3000,
+        election_timeout_max: 4000,
+        ..Config::default()
+    });
+    let (ports, mut nodes) = start_cluster_with(&root, config.clone());
+    write_batches(&mut nodes, 5);
+    let _ = assert_logs_identical(&mut nodes);
+
+    // One more write to group 0 is committed (fsynced on a majority) and acknowledged; then
+    // its leader dies with that batch not yet on its own disk.
+    let g = GroupId(0);
+    let leader = wait_for("a leader", || agreed_leader(&mut nodes, g));
+    let acked = nodes
+        .get_mut(&leader)
+        .unwrap()
+        .ask(|r| Command::Write(g, 3, r));
+    assert!(acked.is_ok(), "{acked:?}");
+    let _ = assert_logs_identical(&mut nodes);
+    nodes.remove(&leader).unwrap().stop();
+    lose_last_batch(&root.join(format!("node-{leader}")).join("group-0"));
+
+    // It is back at once, before any follower stands for election; the next write goes to
+    // whoever leads then.
+    let dir = root.join(format!("node-{leader}"));
+    nodes.insert(
+        leader,
+        Node::start_with(leader, ports[&leader], dir, config),
+    );
+    write_batches(&mut nodes, 1);
+    // Every replica holds the acknowledged batch and the new one, at the same offsets with
+    // the same bytes (with openraft's leader restore, the old leader wrote the new batch
+    // under the lost one's log id and the logs never agreed again).
+    let data = assert_logs_identical(&mut nodes);
+    assert_eq!(data[0], 7, "data batches in group 0");
     for (_, mut n) in nodes {
         n.stop();
     }

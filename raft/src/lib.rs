@@ -47,6 +47,28 @@ pub use openraft;
 pub use openraft::async_runtime;
 pub use runtime::GlommioRuntime;
 
+/// The openraft config of every ferrolog group, partition or controller: the caller's timing
+/// and policies, with the settings safety rests on forced here, so no group can go without
+/// them.
+///
+/// - No leader restore: a restarted leader stands for election like any node. Restoring its
+///   leadership of the old term lets a leader whose unsynced tail was lost in the crash
+///   (while its followers fsynced it, so it committed and was acknowledged) write another
+///   entry under the same log id, which the followers take for the one they hold: an
+///   acknowledged write gone, and replicas that differ at the same offsets for good.
+///   (Partition stores do not persist the commit index; openraft's docs on
+///   `enable_leader_restore` describe the case.)
+/// - Pre-Vote: a replica stands only once a majority would vote for it, so one back from a
+///   network cut or a restart does not depose a live leader.
+pub fn group_config(timing: openraft::Config) -> std::sync::Arc<openraft::Config> {
+    let config = openraft::Config {
+        enable_leader_restore: Some(false),
+        enable_pre_vote: Some(true),
+        ..timing
+    };
+    std::sync::Arc::new(config.validate().expect("a valid Raft config"))
+}
+
 /// The id of a leader once its entries are committed: the term alone (one leader per term).
 pub type CommittedLeaderId = openraft::vote::leader_id_std::CommittedLeaderId<u64>;
 

@@ -75,6 +75,11 @@ const PRE_VOTE_GUARD: Duration = Duration::from_secs(2);
 #[error("{0}")]
 struct Protocol(String);
 
+/// A Raft group id registered twice on one transport.
+#[derive(Debug, thiserror::Error)]
+#[error("Raft group {0:?} is already registered on this transport")]
+pub struct GroupTaken(pub GroupId);
+
 /// The connection tasks of a transport, so `shutdown` can close every socket at once.
 #[derive(Default)]
 struct TaskSet {
@@ -183,10 +188,21 @@ impl Transport {
     }
 
     /// Serves incoming RPCs for `group`, whose entries `log` holds, until it is
-    /// unregistered.
-    pub fn register(&self, group: GroupId, raft: GroupRaft, log: Rc<Log>) {
-        self.groups.borrow_mut().insert(group, raft);
+    /// unregistered. A group id that is already registered is refused: two groups under one
+    /// id would take each other's AppendEntries and votes.
+    pub fn register(
+        &self,
+        group: GroupId,
+        raft: GroupRaft,
+        log: Rc<Log>,
+    ) -> Result<(), GroupTaken> {
+        let mut groups = self.groups.borrow_mut();
+        if groups.contains_key(&group) {
+            return Err(GroupTaken(group));
+        }
+        groups.insert(group, raft);
         self.logs.borrow_mut().insert(group, log);
+        Ok(())
     }
 
     /// Stops routing RPCs to `group` (it is being shut down or moved).

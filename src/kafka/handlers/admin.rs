@@ -121,12 +121,20 @@ pub async fn create_topics(
                         validate_configs(&spec.configs)?;
                         let id = Uuid::new_v4();
                         if !validate_only {
+                            let number = c.state.next_raft_number;
+                            if number >= 1 << 30 {
+                                return Err(BrokerError::InvalidRequest(
+                                    "the cluster has run out of topic numbers".into(),
+                                ));
+                            }
+                            c.state.next_raft_number = number + 1;
                             c.state.topics.push(TopicRecord {
                                 name: spec.name.clone(),
                                 id,
                                 partitions,
                                 configs: spec.configs.clone(),
                                 replicas,
+                                raft_number: Some(number),
                             });
                         }
                         Ok((id, partitions))

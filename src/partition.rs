@@ -424,14 +424,16 @@ impl Partition {
                 if self.replica.is_none() {
                     return Ok(AppendStep::Local(appended));
                 }
-                // In the log, maybe not yet committed: acks=all answers once it is.
+                // Proposed, maybe not yet committed: answered once this very batch is.
                 let me = self.clone();
                 return Ok(AppendStep::Replicated {
                     reserved: appended,
                     crc: header.crc,
                     commit: async move {
                         let replica = me.replica.as_ref().expect("replicated");
-                        replica.wait_committed(appended.end_offset).await?;
+                        replica
+                            .wait_duplicate(&header, base_offset, appended.end_offset)
+                            .await?;
                         Ok(appended)
                     }
                     .boxed_local(),

@@ -57,7 +57,7 @@ use openraft::{AsyncRuntime, BasicNode, EntryPayload, Raft};
 use uuid::Uuid;
 
 use crate::errors::BrokerError;
-use crate::producer_state::ProducerStates;
+use crate::producer_state::{ProducerStates, SequenceCheck};
 use crate::types::now_ms;
 
 /// How long a produce waits for its batch to commit before REQUEST_TIMED_OUT.
@@ -72,16 +72,20 @@ const LOG_START_POLL: Duration = Duration::from_millis(20);
 const LOG_START_ASK_TTL: Duration = Duration::from_secs(1);
 
 /// Bit 63 marks a partition group (the controller is group 0); bit 62 one whose topic has a
-/// Raft number, so those never meet the hashed ids of older topics.
+/// Raft number.
 const PARTITION_GROUP: u64 = 1 << 63;
 const NUMBERED_GROUP: u64 = 1 << 62;
 
 /// The Raft group id of a partition: the same on every node, never the controller's 0, and
-/// never another partition's. A topic's `raft_number` (unique in the cluster, given by the
-/// controller at creation) is the high word and the partition the low one, offset by the
-/// number so that one-partition topics spread over the shards (`GroupId::shard`). Topics
-/// created before numbers existed keep a hashed id, which may collide with another old
-/// topic's; the transport then refuses the second group loudly (`Transport::register`).
+/// never another numbered partition's. A topic's `raft_number` (unique in the cluster and
+/// never reused, given by the controller at creation) is the high word and the partition the
+/// low one, offset by the number so that one-partition topics spread over the shards
+/// (`GroupId::shard`).
+///
+/// Topics created before numbers existed keep their old id bit for bit: two CRC32C values
+/// of one key, which carry 32 bits between them (the second follows from the first), so two
+/// such partitions may collide, and one may meet a numbered id with a chance of 2^-32 per
+/// pair; a node hosting both refuses the second loudly (`Transport::register`).
 pub fn group_id(topic_id: &Uuid, raft_number: Option<u32>, partition: i32) -> GroupId {
     let partition = u32::try_from(partition).expect("a partition index is not negative");
     match raft_number {
@@ -94,8 +98,9 @@ pub fn group_id(topic_id: &Uuid, raft_number: Option<u32>, partition: i32) -> Gr
             let mut key = [0u8; 20];
             key[..16].copy_from_slice(topic_id.as_bytes());
             key[16..].copy_from_slice(&partition.to_be_bytes());
-            let hash = u64::from(crc32c::crc32c(&key));
-            GroupId(PARTITION_GROUP | hash)
+            let hi = u64::from(crc32c::crc32c(&key));
+            let lo = u64::from(crc32c::crc32c_append(0x9e37_79b9, &key));
+            GroupId(PARTITION_GROUP | hi << 32 | lo)
         }
     }
 }
@@ -301,9 +306,12 @@ impl Replica {
                     (*id as u64, BasicNode::new(addr))
                 })
                 .collect();
-            raft.initialize(members)
-                .await
-                .map_err(std::io::Error::other)?;
+            if let Err(e) = raft.initialize(members).await {
+                // Leave nothing serving this log: the next open starts from scratch.
+                transport.unregister(group);
+                let _ = raft.shutdown().await;
+                return Err(std::io::Error::other(e));
+            }
         }
         let replica = Replica {
             raft,
@@ -671,17 +679,50 @@ impl Replica {
         }
     }
 
-    /// Waits until the HW passes `end_offset` (a retried batch that is in the log but may
-    /// not be committed yet).
-    pub async fn wait_committed(&self, end_offset: i64) -> Result<(), BrokerError> {
+    /// Answers a retry of a batch this leader took at `base_offset`..`end_offset` (its
+    /// producer state recorded it when the offsets were reserved): Ok once the batch itself,
+    /// the same producer id, epoch and sequences, is committed there. The offsets alone do
+    /// not tell: if the original proposal was refused, another batch may have landed at
+    /// them, and the retry is then refused (NOT_LEADER_OR_FOLLOWER), so the producer sends
+    /// it again and it is appended anew. Wakes on every HW move and on a change of leader.
+    pub async fn wait_duplicate(
+        &self,
+        header: &BatchHeader,
+        base_offset: i64,
+        end_offset: i64,
+    ) -> Result<(), BrokerError> {
         let deadline = Instant::now() + COMMIT_TIMEOUT;
-        while self.hw.get() < end_offset {
-            if Instant::now() > deadline || !self.is_leader() {
+        let term = self.raft.metrics().borrow_watched().current_term;
+        loop {
+            // Registered before the look, so no HW move between the two is missed.
+            let moved = self.hw_changed();
+            if self.hw.get() >= end_offset {
+                // The apply hook moves the HW and records the applied batches in one step.
+                let committed = self.applied_producers.borrow().check(header);
+                return match committed {
+                    SequenceCheck::Duplicate {
+                        base_offset: at, ..
+                    } if at == base_offset => Ok(()),
+                    _ => Err(BrokerError::NotLeaderOrFollower),
+                };
+            }
+            if !self.is_leader() {
                 return Err(BrokerError::NotLeaderOrFollower);
             }
-            glommio::timer::sleep(Duration::from_millis(2)).await;
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(BrokerError::RequestTimedOut(
+                    "a retried batch was not committed in time".into(),
+                ));
+            }
+            let me = self.node_id;
+            let wait = self.raft.wait(Some(left));
+            let deposed = wait.metrics(
+                move |m| m.current_leader != Some(me) || m.current_term != term,
+                "a change of leader",
+            );
+            futures::future::select(moved, std::pin::pin!(deposed)).await;
         }
-        Ok(())
     }
 
     /// The in-sync replicas as the leader sees them: itself and the followers that had its
@@ -902,7 +943,6 @@ mod tests {
             for partition in [0, 1, 2, 63, 1000, i32::MAX] {
                 let group = group_id(&id, Some(number), partition);
                 assert_ne!(group.0, 0, "never the controller's group");
-                assert_ne!(group.0 & NUMBERED_GROUP, 0);
                 assert!(seen.insert(group), "{number}/{partition} repeats {group:?}");
             }
         }

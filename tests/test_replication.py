@@ -767,3 +767,70 @@ def test_delete_records_on_a_replicated_partition_moves_every_replicas_log_start
         assert hw > max(offsets), hw
     finally:
         c.kill()
+
+
+def test_retried_batch_is_confirmed_only_by_its_own_commit(cluster):
+    """Issue 17, defect c. An idempotent producer's batch A is refused (both followers are
+    stopped, so the leader cannot renew its lease) while its retry A' waits as a duplicate;
+    then the followers return and another producer's batch B lands at the offsets A had
+    reserved. A' must not be answered with B's offset: it is either refused (and A, sent
+    again, is appended) or answered where A itself is. Before the fix, A' was confirmed by
+    the HW passing the reserved offsets alone, at an offset holding B."""
+    from kafka_wire import init_producer_id, parse_produce, produce, produce_v9, record_batch
+
+    topic = "dup-retry"
+    replicated_topic(cluster, topic, 1)
+    for attempt in range(5):
+        leader = leader_of(cluster, topic, 0, 1)
+        epoch = partition_0(cluster, leader, topic)["leader_epoch"]
+        followers = [i for i in IDS if i != leader]
+        bootstrap = cluster.nodes[leader].bootstrap
+        conns = [Connection(bootstrap, timeout_s=30) for _ in range(3)]
+        try:
+            pid, pepoch = init_producer_id(conns[0])
+            warm = record_batch([f"warm{attempt}".encode()], producer_id=pid, producer_epoch=pepoch, base_sequence=0)
+            assert produce(conns[0], {topic: {0: warm}})[(topic, 0)]["error_code"] == 0
+            a_value = f"A{attempt}"
+            a = record_batch([a_value.encode()], producer_id=pid, producer_epoch=pepoch, base_sequence=1)
+            request = produce_v9({topic: {0: a}}, acks=-1, timeout_ms=10_000)
+            procs = [cluster.nodes[i].proc for i in followers]
+            for proc in procs:
+                proc.send_signal(signal.SIGSTOP)
+            try:
+                # Past the leader's fresh-lease window: A's proposal waits to renew it, and
+                # cannot (2 s), while A' arrives and waits as a duplicate of A.
+                time.sleep(1.7)
+                first = conns[0].send(0, 9, request, flexible=True)
+                time.sleep(0.3)
+                retry = conns[1].send(0, 9, request, flexible=True)
+                a_answer = parse_produce(conns[0].receive(first, flexible_header=True), 9)[(topic, 0)]
+            finally:
+                for proc in procs:
+                    proc.send_signal(signal.SIGCONT)
+            b = record_batch([f"B{attempt}".encode()])
+            b_answer = produce(conns[2], {topic: {0: b}})[(topic, 0)]
+            a2_answer = parse_produce(conns[1].receive(retry, flexible_header=True), 9)[(topic, 0)]
+        finally:
+            for conn in conns:
+                conn.close()
+        wait_until(lambda: all_led(cluster, topic, 1), "followers back in the ISR", timeout_s=30)
+        same_leader = leader_of(cluster, topic, 0, leader) == leader
+        if not (same_leader and partition_0(cluster, leader, topic)["leader_epoch"] == epoch):
+            continue  # the resumed followers held an election first: no such interleaving
+        assert a_answer["error_code"] != 0, f"A was acknowledged without its followers: {a_answer}"
+        assert b_answer["error_code"] == 0, b_answer
+        log = dict(read_partition(cluster.bootstrap(), topic, 0))
+        if a2_answer["error_code"] == 0:
+            at = a2_answer["base_offset"]
+            assert log.get(at) == a_value, f"A' was acknowledged at {at}, which holds {log.get(at)!r}: {log}"
+        else:
+            # Refused: the producer sends A again, and it is appended (once).
+            with Connection(bootstrap) as conn:
+                again = produce(conn, {topic: {0: a}})[(topic, 0)]
+            assert again["error_code"] == 0, again
+            log = dict(read_partition(cluster.bootstrap(), topic, 0))
+            assert log.get(again["base_offset"]) == a_value, log
+        values = list(log.values())
+        assert values.count(a_value) <= 1 and values.count(f"B{attempt}") == 1, log
+        return
+    pytest.fail("every attempt saw a leader change when the followers resumed")

@@ -111,6 +111,13 @@ pub struct ClusterState {
     /// The `raft_number` the next topic gets.
     #[serde(default)]
     pub next_raft_number: u32,
+    /// How many states were committed before this one, plus one: a state is applied only if
+    /// it follows the one applied last (`Controller::set_applied`). A proposal that timed
+    /// out may still commit after a retry built on the same base; the second of the two is
+    /// then skipped on every node alike, instead of undoing the first (and handing out its
+    /// topic numbers again). 0 in states written before.
+    #[serde(default)]
+    pub seq: u64,
 }
 
 /// A topic as shards see it.
@@ -254,6 +261,7 @@ impl Controller {
                 brokers: BTreeMap::new(),
                 leaders: BTreeMap::new(),
                 next_raft_number: 0,
+                seq: 0,
             },
             applied: None,
             legacy,
@@ -282,6 +290,7 @@ impl Controller {
                 brokers: BTreeMap::new(),
                 leaders: BTreeMap::new(),
                 next_raft_number: 0,
+                seq: 0,
             },
         };
         state.brokers.insert(node_id, me);
@@ -298,10 +307,25 @@ impl Controller {
         self.applied.as_ref()
     }
 
-    /// Records a state applied from the log and makes it the working copy.
-    pub fn set_applied(&mut self, state: ClusterState) {
-        self.state = state.clone();
-        self.applied = Some(state);
+    /// Records a committed state from the log and makes it the working copy, unless it was
+    /// built on another state than the one applied last (see `ClusterState::seq`); returns
+    /// whether it was applied. Every node decides alike, from the log alone.
+    pub fn set_applied(&mut self, state: ClusterState) -> bool {
+        let follows = match &self.applied {
+            None => true,
+            Some(applied) => state.seq == 0 || state.seq == applied.seq + 1,
+        };
+        if follows {
+            self.state = state.clone();
+            self.applied = Some(state);
+        }
+        follows
+    }
+
+    /// The working copy, numbered to follow the applied state, for a proposal.
+    pub fn proposal(&mut self) -> ClusterState {
+        self.state.seq = self.applied.as_ref().map_or(0, |a| a.seq) + 1;
+        self.state.clone()
     }
 
     /// Drops uncommitted changes to the working copy.
@@ -311,11 +335,14 @@ impl Controller {
         }
     }
 
+    /// The image of the committed state (before the first commit, of the working copy), for
+    /// the shards: never of changes still being proposed.
     pub fn image(&mut self, defaults: &BTreeMap<&'static str, String>) -> MetadataImage {
         self.version += 1;
+        let state = self.applied.as_ref().unwrap_or(&self.state);
         let mut topics = BTreeMap::new();
         let mut topic_ids = HashMap::new();
-        for t in &self.state.topics {
+        for t in &state.topics {
             topic_ids.insert(t.id, t.name.clone());
             topics.insert(
                 t.name.clone(),
@@ -331,12 +358,12 @@ impl Controller {
             );
         }
         MetadataImage {
-            cluster_id: self.state.cluster_id.clone(),
+            cluster_id: state.cluster_id.clone(),
             version: self.version,
             topics,
             topic_ids,
-            brokers: self.state.brokers.clone(),
-            leaders: self.state.leaders.clone(),
+            brokers: state.brokers.clone(),
+            leaders: state.leaders.clone(),
         }
     }
 
@@ -429,6 +456,41 @@ fn new_cluster_id() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 17 (found in review): a proposal that timed out, then committed after a retry
+    /// built on the same state, undid the retry's change (and handed out its topic numbers
+    /// twice). The second of two states on one base is skipped.
+    #[test]
+    fn a_state_built_on_an_older_one_is_skipped() {
+        let dir = std::env::temp_dir().join(format!("ferrolog-seq-{}", std::process::id()));
+        let mut c = Controller::load(&dir).unwrap();
+        let me = BrokerRecord {
+            host: "h".into(),
+            port: 1,
+            fenced: false,
+            shards: 1,
+        };
+        c.state = c.initial_state(1, me);
+        let first = c.proposal();
+        assert!(c.set_applied(first.clone()));
+        // A change times out (its entry still in the log), and the retry builds on the same
+        // applied state.
+        c.state.next_raft_number = 1;
+        let timed_out = c.proposal();
+        c.reset_to_applied();
+        c.state.next_raft_number = 1;
+        c.state.cluster_id = "retried".into();
+        let retried = c.proposal();
+        assert_eq!(timed_out.seq, retried.seq);
+        // Both commit, in that order: the first applies, the second is skipped everywhere.
+        assert!(c.set_applied(timed_out.clone()));
+        assert!(!c.set_applied(retried));
+        assert_eq!(c.applied(), Some(&timed_out));
+        // Entries written before sequence numbers existed still apply.
+        let legacy = ClusterState { seq: 0, ..first };
+        assert!(c.set_applied(legacy));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn topic_names() {

@@ -263,10 +263,20 @@ impl Shard {
             self.with_controller(|c| c.reset_to_applied());
             return Err(BrokerError::NotController);
         };
-        let state = self.with_controller(|c| c.state.clone());
+        let state = self.with_controller(|c| c.proposal());
         if let Err(e) = quorum.propose(&state).await {
             self.with_controller(|c| c.reset_to_applied());
             return Err(e);
+        }
+        // Committed, but applied only if no earlier proposal on the same base (one that
+        // timed out, then committed) came first.
+        let encode = |s: &ClusterState| serde_json::to_vec(s).expect("cluster state serialises");
+        let applied = self.with_controller(|c| c.applied().map(encode));
+        if applied != Some(encode(&state)) {
+            self.with_controller(|c| c.reset_to_applied());
+            return Err(BrokerError::RequestTimedOut(
+                "the cluster metadata changed while this change was proposed; try again".into(),
+            ));
         }
         self.publish_image().await;
         Ok(())
@@ -274,12 +284,16 @@ impl Shard {
 
     /// Controller only: a committed state arrived from the quorum's log.
     pub fn controller_applied(self: &Rc<Self>, state: ClusterState) {
-        self.with_controller(|c| c.set_applied(state));
+        let seq = state.seq;
+        if !self.with_controller(|c| c.set_applied(state)) {
+            tracing::debug!(seq, "skipped a metadata entry built on an older state");
+            return;
+        }
         let me = self.clone();
         glommio::spawn_local(async move { me.publish_image().await }).detach();
     }
 
-    /// Controller only: sends the image of the working copy to every shard.
+    /// Controller only: sends the image of the committed state to every shard.
     async fn publish_image(self: &Rc<Self>) {
         let image = Arc::new(self.with_controller(|c| c.image(&self.config.topic_defaults)));
         let mut waits = Vec::with_capacity(self.count);

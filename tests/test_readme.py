@@ -121,12 +121,16 @@ class Started:
     def start(self, port=9092):
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         self.proc = self.ns.start(self.script, self.cwd, self.log_path)
-        probe = ("import sys, time; sys.path.insert(0, sys.argv[1]); from conftest import answers_api_versions\n"
-                 f"deadline = time.monotonic() + {READY_TIMEOUT_S}\n"
-                 f"while not answers_api_versions({port}) and time.monotonic() < deadline: time.sleep(0.2)\n"
+        probe = ("import sys; sys.path.insert(0, sys.argv[1]); from conftest import answers_api_versions\n"
                  f"sys.exit(0 if answers_api_versions({port}) else 1)")  # fmt: skip
-        ready = subprocess.run(["ip", "netns", "exec", self.ns.name, "python3", "-c", probe, str(REPO_ROOT / "tests")])
-        assert ready.returncode == 0 and self.proc.poll() is None, f"the broker did not start:\n{self.log()}"
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            assert self.proc.poll() is None, f"the broker exited during start-up:\n{self.log(offset)}"
+            ready = subprocess.run(["ip", "netns", "exec", self.ns.name, "python3", "-c", probe, str(REPO_ROOT / "tests")])
+            if ready.returncode == 0:
+                break
+            assert time.monotonic() < deadline, f"the broker did not start:\n{self.log(offset)}"
+            time.sleep(0.3)
         # The first-run line: where clients connect and where the data is.
         deadline = time.monotonic() + 10
         while not READY_LINE.search(self.log(offset)) and time.monotonic() < deadline:
@@ -259,8 +263,14 @@ def test_three_node_cluster_as_written(tmp_path):
                 code = None
             log = (tmp_path / "cluster.log").read_text(errors="replace")
             assert code == 0, f"the example did not finish (exit {code}):\n{log[-6000:]}"
-            out = ns.run("kafka-topics.sh --bootstrap-server 127.0.0.1:29092 --describe --topic orders", REPO_ROOT)
+            describe = "kafka-topics.sh --bootstrap-server 127.0.0.1:29092 --describe --topic orders"
+            out = ns.run(describe, REPO_ROOT)
             assert "PartitionCount: 6" in out and "ReplicationFactor: 3" in out, out
+            # Each partition's Raft group elects its leader a moment after the creation.
+            deadline = time.monotonic() + 30
+            while len(re.findall(r"Isr: \d,\d,\d", out)) < 6 and time.monotonic() < deadline:
+                time.sleep(1)
+                out = ns.run(describe, REPO_ROOT)
             assert len(re.findall(r"Isr: \d,\d,\d", out)) == 6, out
             values = "".join(f"{i}\n" for i in range(100))
             ns.run("kcat -b 127.0.0.1:19092 -P -t orders -X acks=all", REPO_ROOT, input_text=values)

@@ -88,7 +88,13 @@ impl Log {
         // glommio opens directories with `openat(-1, ..)`, which takes absolute paths only;
         // every path of this log is derived from `dir`.
         let dir = &std::path::absolute(dir).map_err(|e| io_error("resolving", dir, e))?;
-        std::fs::create_dir_all(dir).map_err(|e| io_error("creating", dir, e))?;
+        if !dir.is_dir() {
+            std::fs::create_dir_all(dir).map_err(|e| io_error("creating", dir, e))?;
+            // A new directory is durable once its parent's entry is.
+            if let Some(parent) = dir.parent() {
+                sync_dir(parent).await?;
+            }
+        }
         let mut bases = Vec::new();
         let entries = std::fs::read_dir(dir).map_err(|e| io_error("listing", dir, e))?;
         for entry in entries {
@@ -140,6 +146,10 @@ impl Log {
                 now_ms,
             ));
         }
+        // A truncation or retention cut short by the crash may have deleted segments without
+        // syncing the directory: make what this open found the durable state before
+        // anything is appended to it.
+        sync_dir(dir).await?;
         let first_base = segments[0].base_offset;
         let end = segments.last().expect("at least one segment").next_offset;
         let log_start = persisted_start.unwrap_or(first_base).clamp(first_base, end);
@@ -865,14 +875,19 @@ impl Log {
                 st.config.clone(),
             )
         };
-        for seg in doomed.iter().rev() {
-            remove_files(&[seg.log_path(), seg.index_path(), seg.time_index_path()])?;
-        }
-        if !doomed.is_empty() {
-            // The deletions must be durable before the cut: after a power loss, segments
-            // that came back past a cut segment would put the dropped entries back behind a
-            // hole.
-            sync_dir(&self.dir).await?;
+        let removed = doomed.iter().rev().try_for_each(|seg| {
+            remove_files(&[seg.log_path(), seg.index_path(), seg.time_index_path()])
+        });
+        // The deletions must be durable before the cut: after a power loss, segments that
+        // came back past a cut segment would put the dropped entries back behind a hole.
+        let synced = match removed {
+            Ok(()) if !doomed.is_empty() => sync_dir(&self.dir).await,
+            other => other,
+        };
+        if let Err(e) = synced {
+            // Memory and disk disagree now: the log takes nothing more until a restart.
+            self.state.borrow_mut().failed = Some(e.clone());
+            return Err(e);
         }
         let (base, scan_from) = keep;
         let mut seg = Segment::new(&self.dir, base, now_ms);

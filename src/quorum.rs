@@ -253,7 +253,7 @@ impl Quorum {
         let quorum = Rc::new(Quorum {
             raft,
             transport,
-            log: log.clone(),
+            log,
             node_id,
         });
         glommio::spawn_local(controller_loop(Rc::downgrade(shard), quorum.clone())).detach();

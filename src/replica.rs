@@ -691,8 +691,15 @@ impl Replica {
         base_offset: i64,
         end_offset: i64,
     ) -> Result<(), BrokerError> {
-        let deadline = Instant::now() + COMMIT_TIMEOUT;
         let term = self.raft.metrics().borrow_watched().current_term;
+        let me = self.node_id;
+        // One watch for the whole wait: it ends with a change of leader or term, the Raft
+        // core stopping, or the deadline, and the wait ends with it.
+        let wait = self.raft.wait(Some(COMMIT_TIMEOUT));
+        let mut deposed = std::pin::pin!(wait.metrics(
+            move |m| m.current_leader != Some(me) || m.current_term != term,
+            "a change of leader",
+        ));
         loop {
             // Registered before the look, so no HW move between the two is missed.
             let moved = self.hw_changed();
@@ -709,19 +716,18 @@ impl Replica {
             if !self.is_leader() {
                 return Err(BrokerError::NotLeaderOrFollower);
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(BrokerError::RequestTimedOut(
-                    "a retried batch was not committed in time".into(),
-                ));
+            match futures::future::select(moved, deposed.as_mut()).await {
+                futures::future::Either::Left(_) => {}
+                futures::future::Either::Right((
+                    Err(openraft::metrics::WaitError::Timeout(..)),
+                    _,
+                )) => {
+                    return Err(BrokerError::RequestTimedOut(
+                        "a retried batch was not committed in time".into(),
+                    ));
+                }
+                futures::future::Either::Right(_) => return Err(BrokerError::NotLeaderOrFollower),
             }
-            let me = self.node_id;
-            let wait = self.raft.wait(Some(left));
-            let deposed = wait.metrics(
-                move |m| m.current_leader != Some(me) || m.current_term != term,
-                "a change of leader",
-            );
-            futures::future::select(moved, std::pin::pin!(deposed)).await;
         }
     }
 

@@ -325,6 +325,8 @@ impl Controller {
     /// The working copy, numbered to follow the applied state, for a proposal.
     pub fn proposal(&mut self) -> ClusterState {
         self.state.seq = self.applied.as_ref().map_or(0, |a| a.seq) + 1;
+        // Never written (see the field): as the applied copy has it, so the two compare.
+        self.state.next_producer_id = 0;
         self.state.clone()
     }
 

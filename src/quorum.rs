@@ -266,10 +266,9 @@ impl Quorum {
         if let Some(e) = self.log.failure() {
             return Some(format!("the controller's metadata log failed: {e}"));
         }
-        let m = self.raft.metrics().borrow_watched().clone();
-        m.running_state
-            .err()
-            .map(|e| format!("the controller quorum stopped: {e}"))
+        let metrics = self.raft.metrics();
+        let stopped = metrics.borrow_watched().running_state.clone().err();
+        stopped.map(|e| format!("the controller quorum stopped: {e}"))
     }
 
     /// This node leads the quorum and has applied every entry of earlier terms.

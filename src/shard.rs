@@ -270,9 +270,7 @@ impl Shard {
         }
         // Committed, but applied only if no earlier proposal on the same base (one that
         // timed out, then committed) came first.
-        let encode = |s: &ClusterState| serde_json::to_vec(s).expect("cluster state serialises");
-        let applied = self.with_controller(|c| c.applied().map(encode));
-        if applied != Some(encode(&state)) {
+        if !self.with_controller(|c| c.applied() == Some(&state)) {
             self.with_controller(|c| c.reset_to_applied());
             return Err(BrokerError::RequestTimedOut(
                 "the cluster metadata changed while this change was proposed; try again".into(),
@@ -520,6 +518,11 @@ pub fn run(mut config: BrokerConfig, cores: usize) -> anyhow::Result<()> {
     config.log_dir = std::fs::canonicalize(&config.log_dir).map_err(|e| {
         anyhow::anyhow!("cannot resolve log.dirs {}: {e}", config.log_dir.display())
     })?;
+    // Once for every partition directory in it: one created just before a crash may not
+    // have had its entry synced yet (io syncs it when it creates one).
+    std::fs::File::open(&config.log_dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| anyhow::anyhow!("cannot sync log.dirs {}: {e}", config.log_dir.display()))?;
     // Both held until the process exits (the kernel drops them with it).
     let _lock = lock_log_dir(&config.log_dir)?;
     let _ports = claim_ports(&config, cores)?;

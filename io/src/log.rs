@@ -88,11 +88,14 @@ impl Log {
         // glommio opens directories with `openat(-1, ..)`, which takes absolute paths only;
         // every path of this log is derived from `dir`.
         let dir = &std::path::absolute(dir).map_err(|e| io_error("resolving", dir, e))?;
-        std::fs::create_dir_all(dir).map_err(|e| io_error("creating", dir, e))?;
-        // A new directory is durable once its parent's entry is; synced at every open, as a
-        // crash may have come between the creation and the sync.
-        if let Some(parent) = dir.parent() {
-            sync_dir(parent).await?;
+        if !dir.is_dir() {
+            std::fs::create_dir_all(dir).map_err(|e| io_error("creating", dir, e))?;
+            // A new directory is durable once its parent's entry is. (One created just before
+            // a crash, before this sync, is the caller's to sync at start-up: the broker
+            // syncs `log.dirs` once rather than every partition opening it again.)
+            if let Some(parent) = dir.parent() {
+                sync_dir(parent).await?;
+            }
         }
         let mut bases = Vec::new();
         let entries = std::fs::read_dir(dir).map_err(|e| io_error("listing", dir, e))?;

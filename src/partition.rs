@@ -240,6 +240,23 @@ impl Partition {
         Ok(epoch)
     }
 
+    /// `check_leader`, and for a replicated partition that the leader holds a current lease
+    /// (`Replica::read_lease`): what every read (Fetch, ListOffsets, OffsetForLeaderEpoch)
+    /// checks before it answers.
+    pub async fn check_read(&self, current_leader_epoch: i32) -> Result<i32, BrokerError> {
+        let epoch = self.check_leader(current_leader_epoch)?;
+        self.read_lease().await?;
+        Ok(epoch)
+    }
+
+    /// A current lease to answer reads with (always, unreplicated).
+    pub async fn read_lease(&self) -> Result<(), BrokerError> {
+        match &self.replica {
+            Some(r) => r.read_lease().await,
+            None => Ok(()),
+        }
+    }
+
     /// Whether this replica serves produce and consumer fetches.
     pub fn is_leader(&self) -> bool {
         self.replica.as_ref().is_none_or(|r| r.is_leader())

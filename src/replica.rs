@@ -146,6 +146,14 @@ const LEADER_SILENT: Duration = Duration::from_secs(4);
 /// 3.5 s, and the proposal must reach openraft well within it).
 const LEASE_FRESH: Duration = Duration::from_millis(1500);
 
+/// A leader serves reads (Fetch, ListOffsets, a coordinator's requests) only while a quorum
+/// acknowledged it this recently, counted from when the acknowledged heartbeat or beat was
+/// sent. Its followers refuse Pre-Votes for 2 s after they last heard it (ferrolog-raft's
+/// `PRE_VOTE_GUARD`), so no other leader takes writes within this lease; the half second
+/// between covers clock rates and scheduling. Heartbeats (every 500 ms) or beats (every
+/// second) renew it.
+const READ_LEASE: Duration = Duration::from_millis(1500);
+
 /// How long a proposal waits for the lease to be renewed before NOT_LEADER_OR_FOLLOWER.
 const LEASE_RENEW_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -527,6 +535,49 @@ impl Replica {
             && m.last_applied.map(|l| l.leader_id.term) == Some(m.current_term)
     }
 
+    /// Makes sure this replica may answer reads: it leads (`is_leader`), its Raft core runs,
+    /// and a quorum acknowledged it within `READ_LEASE`, with one heartbeat round first when
+    /// none did lately (a group going quiet, or a late beat). A leader cut off from its
+    /// followers thus stops serving what a new leader on the other side may have changed
+    /// already (issue 17, e): NOT_LEADER_OR_FOLLOWER.
+    pub async fn read_lease(&self) -> Result<(), BrokerError> {
+        if self.has_read_lease() {
+            return Ok(());
+        }
+        if !self.is_leader() {
+            return Err(BrokerError::NotLeaderOrFollower);
+        }
+        self.renew_lease().await?;
+        if self.has_read_lease() {
+            Ok(())
+        } else {
+            Err(BrokerError::NotLeaderOrFollower)
+        }
+    }
+
+    fn has_read_lease(&self) -> bool {
+        if !self.is_leader() {
+            return false;
+        }
+        let fresh = {
+            let m = self.raft.metrics();
+            let m = m.borrow_watched();
+            let voters = m.membership_config.membership().voter_ids().count();
+            // Followers needed besides this leader for a majority of the voters.
+            let followers = voters / 2;
+            let acked = m
+                .last_quorum_acked
+                .as_ref()
+                .is_some_and(|t| t.elapsed() < READ_LEASE);
+            let beaten = self
+                .transport
+                .followed_by(self.group, followers)
+                .is_some_and(|t| t.elapsed() < READ_LEASE);
+            m.state == openraft::ServerState::Leader && m.running_state.is_ok() && (acked || beaten)
+        };
+        fresh
+    }
+
     /// Checks this replica may take produce requests now (it leads and has applied all of
     /// earlier terms); at the start of each term the leader's producer state is reset from
     /// the applied one.
@@ -574,15 +625,18 @@ impl Replica {
     /// it is committed.
     ///
     /// Proposals reach openraft one at a time in reservation order, after the lease check
-    /// (`renew_lease`). One that is refused (the lease could not be renewed, the term moved
-    /// on, openraft refused it) was never appended, yet this term's producer state has it:
-    /// every later proposal of the term is refused too rather than land at other offsets than
-    /// reserved, and `ready` rebuilds the state once they settled, so a retry is not taken
-    /// for a duplicate. A proposal openraft refuses after the next one was submitted (its
-    /// lease ran out in between, which `LEASE_FRESH` leaves two seconds for) still shifts
-    /// that one: the commit reports where it landed, and `ready` rebuilds the state too. (A
-    /// batch that timed out is in the log and may still commit: its retry must be taken for
-    /// a duplicate, and is.)
+    /// (`renew_lease`), each only once the Raft core has appended or refused the one before.
+    /// One that is refused (the lease could not be renewed, the term moved on, openraft
+    /// refused it) was never appended, yet this term's producer state has it: every later
+    /// proposal of the term is refused too rather than land at other offsets than reserved,
+    /// and `ready` rebuilds the state once they settled, so a retry is not taken for a
+    /// duplicate. (openraft refuses a write whose lease ran out when the core takes it; had
+    /// the next one been submitted already, a heartbeat answer in between could let it in at
+    /// the refused one's offsets, ahead of it: a producer's batch n+1 before batch n.) A
+    /// batch that lands elsewhere all the same (an entry of openraft's own in between) is
+    /// refused once committed: its retry is then a duplicate, answered where it is. (A batch
+    /// that timed out is in the log and may still commit: its retry must be taken for a
+    /// duplicate, and is.)
     pub async fn replicate(
         &self,
         batch: bytes::Bytes,
@@ -607,16 +661,28 @@ impl Replica {
             if !this_term() || self.resync.get() || term != Some(current) {
                 return Err(refuse());
             }
-            let (responder, rx) = ProgressResponder::complete_only();
+            let (responder, mut rx) = ProgressResponder::complete_only();
             self.raft
                 .client_write_ff(Batch(batch), Some(responder))
                 .await
                 .map_err(|_| refuse())?;
-            Ok(rx)
+            // The core takes messages in order: once it ran this, it has decided on the write.
+            self.raft
+                .with_raft_state(|_| ())
+                .await
+                .map_err(|_| refuse())?;
+            match rx.try_recv() {
+                Err(tokio::sync::oneshot::error::TryRecvError::Empty) => Ok((rx, None)),
+                Ok(Ok(response)) => Ok((rx, Some(response))),
+                Ok(Err(_)) | Err(tokio::sync::oneshot::error::TryRecvError::Closed) => {
+                    Err(refuse())
+                }
+            }
         }
         .await;
         let result = match submitted {
-            Ok(rx) => match GlommioRuntime::timeout(COMMIT_TIMEOUT, rx).await {
+            Ok((_, Some(response))) => Ok(Ok(response)),
+            Ok((rx, None)) => match GlommioRuntime::timeout(COMMIT_TIMEOUT, rx).await {
                 Ok(Ok(result)) => Ok(result),
                 // The group shut down with the proposal pending.
                 Ok(Err(_)) => Err(BrokerError::NotLeaderOrFollower),
@@ -631,11 +697,15 @@ impl Replica {
             Ok(response) => {
                 let index = response.log_id.index;
                 match (self.view.base_offset(index), self.view.end_offset(index)) {
-                    (Some(base), Some(end)) => {
-                        if base != reservation.base_offset {
-                            refuse();
-                        }
-                        Ok((base, end))
+                    (Some(base), Some(end)) if base == reservation.base_offset => Ok((base, end)),
+                    (Some(base), Some(_)) => {
+                        tracing::error!(
+                            group = self.group.0,
+                            base,
+                            reserved = reservation.base_offset,
+                            "a batch landed at other offsets than reserved"
+                        );
+                        Err(refuse())
                     }
                     // Truncated after commit: impossible in Raft, so a bug.
                     _ => unreachable!("committed entry {index} is not in the log"),

@@ -31,7 +31,9 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -361,7 +363,8 @@ def test_acks_one_does_not_wait_for_followers(cluster):
     """With both followers stopped (within the leader's 3.5 s lease, so it still takes the
     batch), acks=1 is answered from the leader's log while acks=all is not; the record stays
     past the HW, unread, until the followers return and it commits (or a follower elected
-    meanwhile drops it, which acks=1 allows)."""
+    meanwhile drops it, which acks=1 allows). Meanwhile the leader, without a majority,
+    answers reads with NOT_LEADER_OR_FOLLOWER or from below the HW."""
     topic = "acks-one-alone"
     t = replicated_topic(cluster, topic, 1)
     leader = t.partitions[0].leader
@@ -389,7 +392,15 @@ def test_acks_one_does_not_wait_for_followers(cluster):
         everyone.produce(topic, value=b"no-quorum", partition=0, on_delivery=lambda err, msg: refused.append(err))
         assert everyone.flush(15) == 0, "acks=all got no answer at all (message.timeout.ms is 4 s)"
         assert refused[0] is not None, "acks=all succeeded without its followers"
-        assert read_partition(bootstrap, topic, 0) == acked[:2], "a record past the HW was read"
+        # The leader may refuse reads now (no majority acknowledged it lately: issue 17, e);
+        # if it answers, nothing past the HW is in it.
+        with Connection(bootstrap, timeout_s=15) as conn:
+            read = parse_fetch_v11(conn.request(FETCH, 11, fetch_v11(0, -1, {0: 0}, topic=topic)))
+        answer = read["partitions"][(topic, 0)]
+        assert answer["error_code"] in (0, 6), answer  # NOT_LEADER_OR_FOLLOWER
+        if answer["error_code"] == 0:
+            assert answer["high_watermark"] == acked[1][0] + 1, answer
+            assert b"alone" not in answer["records"], "a record past the HW was read"
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGCONT)
@@ -834,3 +845,172 @@ def test_retried_batch_is_confirmed_only_by_its_own_commit(cluster):
         assert values.count(a_value) <= 1 and values.count(f"B{attempt}") == 1, log
         return
     pytest.fail("every attempt saw a leader change when the followers resumed")
+
+
+def offsets_partition_of(group, partitions):
+    """The `__consumer_offsets` partition of `group`: Kafka's abs(javaHash(group)) % partitions."""
+    h = 0
+    for unit in group.encode("utf-16-be").hex(" ", 2).split():
+        h = (31 * h + int(unit, 16)) & 0xFFFFFFFF
+    h = h - (1 << 32) if h >= 1 << 31 else h
+    return (0 if h == -(1 << 31) else abs(h)) % partitions
+
+
+def test_offset_commit_is_shown_only_once_committed(cluster):
+    """Issue 17, defect f. A commit the coordinator cannot replicate (both followers of its
+    offsets partition stopped, past the leader's lease) is refused, and OffsetFetch on the
+    same coordinator, in the same term, still shows the offset committed before, which is
+    what a failover keeps. Before the fix, the refused offset was in the coordinator's
+    memory from the moment it was appended, and stayed there."""
+    import kafka_wire as wire
+
+    topic, group = "committed-only", "pending-commits"
+    replicated_topic(cluster, topic, 1)
+
+    def commit(conn, offset):
+        body = wire.offset_commit(group, {(topic, 0): offset})
+        return wire.parse_offset_commit(wire.group_call(conn, wire.OFFSET_COMMIT, 9, body), 9)[(topic, 0)]
+
+    def fetched(node):
+        with Connection(cluster.nodes[node].bootstrap, timeout_s=30) as conn:
+            body = wire.offset_fetch(group, {topic: [0]})
+            answer = wire.parse_offset_fetch(wire.group_call(conn, wire.OFFSET_FETCH, 9, body), 9)
+        got = answer["offsets"].get((topic, 0), {})
+        return answer["error_code"] or got.get("error_code"), got.get("offset")
+
+    for attempt in range(5):
+        coordinator = wire.wait_for_coordinator(cluster.nodes[1].bootstrap, group)["node_id"]
+        offsets = partitions_v8(cluster, coordinator, "__consumer_offsets")
+        index = offsets_partition_of(group, len(offsets))
+        epoch = offsets[index]["leader_epoch"]
+        committed = 10 * attempt + 5
+        with Connection(cluster.nodes[coordinator].bootstrap, timeout_s=30) as conn:
+            assert commit(conn, committed) == 0
+            procs = [cluster.nodes[i].proc for i in IDS if i != coordinator]
+            for proc in procs:
+                proc.send_signal(signal.SIGSTOP)
+            try:
+                time.sleep(1.7)  # past the fresh-lease window: the commit cannot renew it
+                refused = commit(conn, committed + 1)
+            finally:
+                for proc in procs:
+                    proc.send_signal(signal.SIGCONT)
+        now = wait_until(lambda: (lambda p: p if sorted(p["isr"]) == IDS else None)(
+            partitions_v8(cluster, coordinator, "__consumer_offsets")[index]), "the offsets partition's ISR whole")  # fmt: skip
+        if (now["leader"], now["leader_epoch"]) != (coordinator, epoch):
+            continue  # the resumed followers held an election: the load started afresh
+        assert refused != 0, "a commit was acknowledged without its followers"
+        assert fetched(coordinator) == (0, committed), "OffsetFetch shows a commit that was refused"
+        cluster.nodes[coordinator].kill9()
+        survivor = next(i for i in IDS if i != coordinator)
+
+        def at_new_coordinator():
+            try:
+                found = wire.wait_for_coordinator(cluster.nodes[survivor].bootstrap, group)["node_id"]
+                answer = fetched(found) if found != coordinator else None
+            except OSError:
+                return None  # named the killed node a moment longer
+            return answer if answer and answer[0] == 0 else None
+
+        after = wait_until(at_new_coordinator, "the new coordinator answers", timeout_s=30)
+        assert after == (0, committed), "the committed offset changed with the coordinator"
+        return
+    pytest.fail("every attempt saw a leader change when the followers resumed")
+
+
+def list_offsets_latest(conn, topic, partition):
+    """ListOffsets v1 for the latest offset of one partition: (error_code, offset)."""
+    from kafka_wire import Reader, array, i32, i64, string
+
+    body = i32(-1) + array([string(topic) + array([i32(partition) + i64(-1)])])
+    r = Reader(conn.request(2, 1, body))
+    (answer,) = [(r.string(), [(r.i32(), r.i16(), r.i64(), r.i64()) for _ in range(r.i32())]) for _ in range(r.i32())]
+    (_, error, _, offset) = answer[1][0]
+    return error, offset
+
+
+def probe_reads(bootstrap, topic, partition, group):
+    """What a node answers to the reads of issue 17 e: ListOffsets, Fetch and OffsetFetch
+    error codes, and the latest offset and committed offset it reports. Run inside the
+    node's network namespace while it is cut off (see the test below)."""
+    import kafka_wire as wire
+
+    with Connection(bootstrap, timeout_s=10) as conn:
+        listed, latest = list_offsets_latest(conn, topic, partition)
+        fetched = parse_fetch_v11(conn.request(FETCH, 11, fetch_v11(0, -1, {partition: 0}, topic=topic)))
+        offsets = wire.parse_offset_fetch(
+            wire.group_call(conn, wire.OFFSET_FETCH, 9, wire.offset_fetch(group, {topic: [partition]})), 9)  # fmt: skip
+    committed = offsets["offsets"].get((topic, partition), {})
+    return {
+        "list_offsets": listed,
+        "latest": latest,
+        "fetch": fetched["partitions"][(topic, partition)]["error_code"],
+        "offset_fetch": offsets["error_code"] or committed.get("error_code", 0),
+        "committed": committed.get("offset"),
+    }
+
+
+def test_cut_off_leader_stops_serving_reads(netns, tmp_path):
+    """Issue 17, defect e. Node 3 leads a partition and coordinates a group, and is cut off
+    from nodes 1 and 2 (its own network namespace; its Kafka port is still reached from
+    inside). Once the others elected a new leader and coordinator and took a write and a
+    commit, node 3 must not answer ListOffsets, Fetch or OffsetFetch as the leader with
+    what it had: it answers NOT_LEADER_OR_FOLLOWER / NOT_COORDINATOR once its lease ran
+    out. Before the fix it answered with the stale HW and offset for the whole cut."""
+    import kafka_wire as wire
+
+    c = Cluster(tmp_path, extra={"replica.lag.time.max.ms": LAG_MS},
+                hosts={1: netns.host, 2: netns.host, 3: netns.inside}, netns={3: netns.name})  # fmt: skip
+    try:
+        started(c)
+        topic = "stale"
+        replicated_topic(c, topic, 6)
+        led = [i for i, p in partitions_v8(c, 1, topic).items() if p["leader"] == 3]
+        assert led, "node 3 leads none of six partitions"
+        partition = led[0]
+        produce(c.bootstrap(), topic, 6, 60, "a")
+        # A group whose offsets partition node 3 leads, with an offset committed there.
+        wire.wait_for_coordinator(c.nodes[1].bootstrap, "probe")
+        offsets = partitions_v8(c, 1, "__consumer_offsets")
+        group = next(g for g in (f"stale-{i}" for i in range(1000))
+                     if offsets[offsets_partition_of(g, len(offsets))]["leader"] == 3)  # fmt: skip
+        with Connection(c.nodes[3].bootstrap, timeout_s=30) as conn:
+            body = wire.offset_commit(group, {(topic, partition): 7})
+            assert wire.parse_offset_commit(wire.group_call(conn, wire.OFFSET_COMMIT, 9, body), 9)[(topic, partition)] == 0
+
+        def probe():
+            code = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+                    f"from test_replication import probe_reads; "
+                    f"print(json.dumps(probe_reads({c.nodes[3].bootstrap!r}, {topic!r}, {partition}, {group!r})))")  # fmt: skip
+            out = subprocess.run(["ip", "netns", "exec", netns.name, sys.executable, "-c", code],
+                                 capture_output=True, text=True, timeout=60)  # fmt: skip
+            assert out.returncode == 0, out.stderr
+            return json.loads(out.stdout)
+
+        before = probe()
+        assert (before["list_offsets"], before["fetch"], before["offset_fetch"], before["committed"]) == (0, 0, 0, 7), before
+        netns.cut()
+        leader = wait_until(lambda: (lambda l: l if l in (1, 2) else None)(partitions_v8(c, 1, topic)[partition]["leader"]),
+                            "a new leader", timeout_s=30)  # fmt: skip
+        assert produce(c.bootstrap(1, 2), topic, 6, 60, "b", targets=[partition])[partition]
+        with Connection(c.nodes[leader].bootstrap) as conn:
+            listed, latest = list_offsets_latest(conn, topic, partition)
+        assert listed == 0 and latest > before["latest"], (listed, latest, before)
+
+        def committed_elsewhere():
+            found = wire.wait_for_coordinator(c.nodes[1].bootstrap, group)["node_id"]
+            if found == 3:
+                return False
+            with Connection(c.nodes[found].bootstrap, timeout_s=30) as conn:
+                body = wire.offset_commit(group, {(topic, partition): 9})
+                return wire.parse_offset_commit(wire.group_call(conn, wire.OFFSET_COMMIT, 9, body), 9)[(topic, partition)] == 0
+
+        wait_until(committed_elsewhere, "a commit at the new coordinator", timeout_s=30)
+        # Whatever node 3 answers now, it must not be as the leader of the old state.
+        answer = wait_until(lambda: (lambda a: a if a["list_offsets"] and a["fetch"] and a["offset_fetch"] else None)(probe()),
+                            "node 3 refusing reads", timeout_s=10)  # fmt: skip
+        assert answer["list_offsets"] == answer["fetch"] == 6, answer  # NOT_LEADER_OR_FOLLOWER
+        assert answer["offset_fetch"] == wire.NOT_COORDINATOR, answer
+    finally:
+        netns.heal()
+        c.kill()

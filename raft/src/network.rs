@@ -133,9 +133,9 @@ pub struct Transport {
     /// When each group last took an append (entries or a heartbeat) from its leader, or was
     /// in its leader node's coalesced heartbeat.
     heard: RefCell<HashMap<GroupId, std::time::Instant>>,
-    /// When a follower of each quiet group this node leads last answered a beat that it
-    /// follows this node in it.
-    followed: RefCell<HashMap<GroupId, std::time::Instant>>,
+    /// Per quiet group this node leads and per follower node, when the last beat that
+    /// follower answered as a follower of this node was sent.
+    followed: RefCell<HashMap<GroupId, HashMap<u64, std::time::Instant>>>,
     forward: RefCell<Option<ForwardHandler>>,
     tasks: Rc<TaskSet>,
 }
@@ -321,15 +321,15 @@ impl Transport {
             ));
         };
         let ids: Vec<GroupId> = groups.iter().map(|(group, _)| *group).collect();
+        let sent = std::time::Instant::now();
         match peer
             .call(GroupId(0), Message::Beat { leader, groups }, ttl)
             .await
         {
             Ok(Message::BeatReply(stale)) => {
-                let now = std::time::Instant::now();
                 let mut followed = self.followed.borrow_mut();
                 for group in ids.into_iter().filter(|g| !stale.contains(g)) {
-                    followed.insert(group, now);
+                    followed.entry(group).or_default().insert(node_id, sent);
                 }
                 Ok(stale)
             }
@@ -366,6 +366,19 @@ impl Transport {
     /// connection alone is no answer).
     pub fn is_alive(&self, node_id: u64, group: GroupId, within: Duration) -> bool {
         self.liveness(node_id, group, within).0
+    }
+
+    /// For a quiet `group` this node leads: the latest time by which `followers` of its
+    /// followers had each been sent a beat they answered as its followers (a quorum's worth
+    /// of them is the leader's lease for reads while the group sends no heartbeats).
+    pub fn followed_by(&self, group: GroupId, followers: usize) -> Option<std::time::Instant> {
+        let followed = self.followed.borrow();
+        let mut sent: Vec<std::time::Instant> = followed.get(&group)?.values().copied().collect();
+        sent.sort_unstable_by(|a, b| b.cmp(a));
+        match followers {
+            0 => Some(std::time::Instant::now()),
+            n => sent.get(n - 1).copied(),
+        }
     }
 
     /// When `group` last heard from its leader here (an append, or its node's `beat`).
@@ -483,7 +496,7 @@ impl Transport {
         let m = raft.metrics();
         let m = m.borrow_watched();
         let last = match m.state {
-            openraft::ServerState::Leader => self.followed.borrow().get(&group).copied(),
+            openraft::ServerState::Leader => self.followed_by(group, 1),
             openraft::ServerState::Follower if m.current_leader.is_some() => self.heard(group),
             _ => None,
         };

@@ -99,8 +99,16 @@ pub struct Group {
     /// The offsets partition that stores this group.
     pub partition: i32,
     pub kind: GroupKind,
-    /// Committed offsets by (topic, partition).
+    /// Committed offsets by (topic, partition): only changes whose write is durable
+    /// (committed, when replicated), see `write_offsets`.
     pub offsets: BTreeMap<(String, i32), OffsetValue>,
+    /// Per (topic, partition), where the write of the change applied last landed in the
+    /// offsets partition: two writes of one offset may be confirmed out of order, and the
+    /// later one in the log must win, as in a replay.
+    offsets_landed_at: HashMap<(String, i32), i64>,
+    /// Offset writes of this group appended but not yet confirmed: its offsets do not
+    /// expire meanwhile (the tombstone would land after the pending value).
+    offset_writes: u32,
     /// The group's metadata record as last written: a classic group is persisted only when a
     /// rebalance completes, and a rewrite of the partition must keep that, not a state in
     /// the middle of a rebalance.
@@ -115,7 +123,28 @@ impl Group {
             partition,
             kind: GroupKind::Classic(ClassicGroup::new(now_ms, cfg.initial_rebalance_delay_ms)),
             offsets: BTreeMap::new(),
+            offsets_landed_at: HashMap::new(),
+            offset_writes: 0,
             persisted: None,
+        }
+    }
+
+    /// Applies offset changes whose write landed at `landed_at` and is now durable; a change
+    /// of the same offset that landed later and was applied first stays.
+    fn apply_offsets(&mut self, changes: Vec<OffsetChange>, landed_at: i64) {
+        for (key, value) in changes {
+            if self
+                .offsets_landed_at
+                .get(&key)
+                .is_some_and(|at| *at > landed_at)
+            {
+                continue;
+            }
+            self.offsets_landed_at.insert(key.clone(), landed_at);
+            match value {
+                Some(value) => self.offsets.insert(key, value),
+                None => self.offsets.remove(&key),
+            };
         }
     }
 
@@ -207,6 +236,10 @@ pub struct GroupCoordinator {
     /// The leader epoch each replicated offsets partition was loaded in: a node that lost
     /// and regained the lead between two looks may have missed another leader's writes.
     loaded_epochs: HashMap<i32, i32>,
+    /// Offset writes appended but not yet confirmed, per offsets partition: the partition's
+    /// live state is not rewritten meanwhile (`snapshot_partitions`), as the rewrite would
+    /// put the older value after the pending one in the log.
+    offset_writes: HashMap<i32, u32>,
 }
 
 impl GroupCoordinator {
@@ -330,7 +363,7 @@ impl GroupCoordinator {
         let partitions = &self.partitions;
         for (id, g) in self.groups.iter_mut() {
             let loaded = partitions.get(&g.partition).copied().unwrap_or(false);
-            if !loaded || !g.has_no_members() {
+            if !loaded || !g.has_no_members() || g.offset_writes > 0 {
                 continue;
             }
             let emptied_at = match &g.kind {
@@ -350,6 +383,7 @@ impl GroupCoordinator {
             let out = writes.entry(g.partition).or_default();
             for (topic, partition) in expired {
                 g.offsets.remove(&(topic.clone(), partition));
+                g.offsets_landed_at.remove(&(topic.clone(), partition));
                 out.push(CoordinatorRecord::Offset {
                     group: id.clone(),
                     topic,
@@ -588,13 +622,21 @@ where
             let Some(partition) = s.partition(&tp) else {
                 return async { Err(BrokerError::NotCoordinator) }.boxed_local();
             };
-            if partition.replica.as_ref().is_some_and(|r| !r.is_leader()) {
+            if !partition.is_leader() {
                 return async { Err(BrokerError::NotCoordinator) }.boxed_local();
             }
             if !s.groups.borrow().is_loaded(tp.partition) {
                 return async { Err(BrokerError::CoordinatorLoadInProgress) }.boxed_local();
             }
-            f(s, partition)
+            async move {
+                // Without a current lease, another node may coordinate the group already.
+                partition
+                    .read_lease()
+                    .await
+                    .map_err(|_| BrokerError::NotCoordinator)?;
+                f(s, partition).await
+            }
+            .boxed_local()
         })
         .await
 }
@@ -629,6 +671,85 @@ pub fn append(
 ) -> LocalBoxFuture<'static, Result<(), BrokerError>> {
     let landed = append_landed(partition, records, now_ms);
     async move { landed.await.map(drop) }.boxed_local()
+}
+
+/// A change to one committed offset, by (topic, partition): a new value, or a deletion.
+pub type OffsetChange = ((String, i32), Option<OffsetValue>);
+
+/// Writes offset changes (commits, deletions) of group `group_id` to its offsets partition
+/// now, and applies them to the group once the write is durable (committed, when
+/// replicated). So OffsetFetch shows only offsets a failover keeps: a write that fails
+/// leaves the group as it was, and one that times out shows up only if a later load finds
+/// it committed. (Kafka's coordinator, too, reads offsets as of the last committed offset.)
+pub async fn write_offsets(
+    shard: &Shard,
+    partition: &Rc<Partition>,
+    group_id: &str,
+    changes: Vec<OffsetChange>,
+    now_ms: i64,
+) -> Result<(), BrokerError> {
+    let records: Vec<CoordinatorRecord> = changes
+        .iter()
+        .map(|((topic, p), value)| CoordinatorRecord::Offset {
+            group: group_id.to_string(),
+            topic: topic.clone(),
+            partition: *p,
+            value: value.clone(),
+        })
+        .collect();
+    let index = partition.index;
+    let load = {
+        let mut c = shard.groups.borrow_mut();
+        *c.offset_writes.entry(index).or_default() += 1;
+        if let Some(g) = c.groups.get_mut(group_id) {
+            g.offset_writes += 1;
+        }
+        c.loads.get(&index).copied()
+    };
+    // Counts the write as pending until it settles, also when the request is dropped.
+    let _pending = PendingOffsetWrite {
+        shard,
+        index,
+        group_id,
+        load,
+    };
+    let landed = append_landed(partition, &records, now_ms).await?;
+    let mut c = shard.groups.borrow_mut();
+    // A load since (the lead moved away and back) replayed the log, this write included.
+    let current = load.is_some_and(|load| c.is_current_load(index, load));
+    if let (Some(landed), true) = (landed, current) {
+        if let Some(g) = c.groups.get_mut(group_id) {
+            g.apply_offsets(changes, landed.base_offset);
+        }
+    }
+    Ok(())
+}
+
+/// An offset write in flight: `write_offsets` counts it in the group and the partition.
+struct PendingOffsetWrite<'a> {
+    shard: &'a Shard,
+    index: i32,
+    group_id: &'a str,
+    load: Option<u64>,
+}
+
+impl Drop for PendingOffsetWrite<'_> {
+    fn drop(&mut self) {
+        let mut c = self.shard.groups.borrow_mut();
+        let n = c.offset_writes.get_mut(&self.index).expect("counted");
+        assert!(*n > 0, "an offset write settles once");
+        *n -= 1;
+        // A group loaded anew since has its own count. One deleted and made again by
+        // another commit meanwhile started from zero: it may count one write short.
+        if self
+            .load
+            .is_some_and(|load| c.is_current_load(self.index, load))
+        {
+            if let Some(g) = c.groups.get_mut(self.group_id) {
+                g.offset_writes = g.offset_writes.saturating_sub(1);
+            }
+        }
+    }
 }
 
 /// `append`, answering where the batch landed (`None`: nothing to write).
@@ -814,6 +935,9 @@ fn snapshot_partitions(shard: &Rc<Shard>, now: i64) {
         let Some(partition) = offsets_partition(shard, index) else {
             continue;
         };
+        if shard.groups.borrow().offset_writes.get(&index) > Some(&0) {
+            continue; // at a later check
+        }
         let logged = partition.log.end_offset() - partition.log.start_offset();
         let live = shard.groups.borrow().live_record_count(index);
         if logged <= 2 * live as i64 + SNAPSHOT_SLACK_RECORDS {
@@ -984,6 +1108,27 @@ mod tests {
     }
 
     #[test]
+    fn the_offset_written_later_wins_whatever_order_the_writes_are_confirmed_in() {
+        let mut g = Group {
+            partition: 0,
+            kind: GroupKind::Classic(ClassicGroup::new(0, 0)),
+            offsets: BTreeMap::new(),
+            offsets_landed_at: HashMap::new(),
+            offset_writes: 0,
+            persisted: None,
+        };
+        let key = || ("t".to_string(), 0);
+        // Landed at 20, confirmed first; the write that landed at 10 is confirmed after.
+        g.apply_offsets(vec![(key(), Some(offset(2)))], 20);
+        g.apply_offsets(vec![(key(), Some(offset(1)))], 10);
+        assert_eq!(g.offsets[&key()].commit_timestamp_ms, 2);
+        // A deletion that landed later removes it; an older commit does not bring it back.
+        g.apply_offsets(vec![(key(), None)], 30);
+        g.apply_offsets(vec![(key(), Some(offset(1)))], 25);
+        assert!(g.offsets.is_empty());
+    }
+
+    #[test]
     fn offsets_expire_after_retention() {
         let mut c = GroupCoordinator::default();
         c.partitions.insert(3, true);
@@ -993,6 +1138,8 @@ mod tests {
             partition: 3,
             kind: GroupKind::Classic(ClassicGroup::new(0, 0)),
             offsets: BTreeMap::new(),
+            offsets_landed_at: HashMap::new(),
+            offset_writes: 0,
             persisted: None,
         };
         simple.offsets.insert(("t".into(), 0), offset(1_000));
@@ -1004,12 +1151,21 @@ mod tests {
             partition: 4,
             kind: GroupKind::Consumer(ConsumerGroup::new(3, "uniform", 2_000)),
             offsets: BTreeMap::new(),
+            offsets_landed_at: HashMap::new(),
+            offset_writes: 0,
             persisted: None,
         };
         empty.offsets.insert(("t".into(), 0), offset(0));
         c.groups.insert("empty".into(), empty);
 
         assert!(c.expire(10_000, 10_999).is_empty());
+        // Not while a write of the group's offsets is in flight: its tombstone would land
+        // after the pending value.
+        c.groups.get_mut("simple").expect("present").offset_writes = 1;
+        c.groups.get_mut("empty").expect("present").offset_writes = 1;
+        assert!(c.expire(10_000, 12_000).is_empty());
+        c.groups.get_mut("simple").expect("present").offset_writes = 0;
+        c.groups.get_mut("empty").expect("present").offset_writes = 0;
         let w = c.expire(10_000, 12_000);
         // Partition 0 of "simple" (committed at 1_000) and all of "empty", whose metadata is
         // deleted too.

@@ -319,7 +319,7 @@ async fn read_all(
                             None => failed(BrokerError::UnknownTopicOrPartition),
                             Some(p) => {
                                 let want = limit.min(budget);
-                                let r = if let Err(e) = p.check_leader(leader_epoch) {
+                                let r = if let Err(e) = p.check_read(leader_epoch).await {
                                     Err(e)
                                 } else if want == 0 {
                                     // Budget spent: report positions without reading.

@@ -43,7 +43,7 @@ pub async fn handle(ctx: Rc<RequestContext>, req: ListOffsetsRequest) -> ListOff
                 shard
                     .on_partition(tp, move |p| {
                         async move {
-                            let epoch = p.check_leader(current_leader_epoch)?;
+                            let epoch = p.check_read(current_leader_epoch).await?;
                             let found = match timestamp {
                                 // No transactions yet, so read_committed's LSO is the HW too.
                                 -1 => Ok(Some((p.high_watermark(), -1))),

@@ -1,6 +1,7 @@
 //! OffsetCommit (API 8): stores a group's consumed positions in `__consumer_offsets`,
-//! answered once they are durable. Commits without a generation come from admins or
-//! standalone consumers and create a group that only has offsets, as in Kafka.
+//! answered, and shown to OffsetFetch, once they are durable (`group::write_offsets`).
+//! Commits without a generation come from admins or standalone consumers and create a group
+//! that only has offsets, as in Kafka.
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
@@ -12,7 +13,7 @@ use kafka_protocol::messages::offset_commit_response::{
 use kafka_protocol::messages::{OffsetCommitRequest, OffsetCommitResponse};
 
 use crate::errors::BrokerError;
-use crate::group::codec::{CoordinatorRecord, OffsetValue};
+use crate::group::codec::OffsetValue;
 use crate::group::{self, Group};
 use crate::kafka::RequestContext;
 use crate::types::now_ms;
@@ -106,7 +107,7 @@ async fn commit(
     group::on_group(&ctx.shard, &group_id, move |s, partition| {
         async move {
             let now = now_ms();
-            let mut records = Vec::new();
+            let mut changes = Vec::new();
             let mut codes = Vec::with_capacity(commits.len());
             {
                 let mut c = s.groups.borrow_mut();
@@ -143,17 +144,11 @@ async fn commit(
                         metadata,
                         commit_timestamp_ms: now,
                     };
-                    g.offsets.insert((topic.clone(), p), value.clone());
-                    records.push(CoordinatorRecord::Offset {
-                        group: id.clone(),
-                        topic,
-                        partition: p,
-                        value: Some(value),
-                    });
+                    changes.push(((topic, p), Some(value)));
                     codes.push(0);
                 }
             }
-            group::append(&partition, &records, now).await?;
+            group::write_offsets(&s, &partition, &id, changes, now).await?;
             Ok(codes)
         }
         .boxed_local()

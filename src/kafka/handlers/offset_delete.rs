@@ -1,5 +1,6 @@
 //! OffsetDelete (API 47): removes some committed offsets of a group, except for topics its
-//! members are still subscribed to (GROUP_SUBSCRIBED_TO_TOPIC).
+//! members are still subscribed to (GROUP_SUBSCRIBED_TO_TOPIC), once the tombstones are
+//! durable (`group::write_offsets`).
 
 use std::rc::Rc;
 
@@ -11,7 +12,6 @@ use kafka_protocol::messages::{OffsetDeleteRequest, OffsetDeleteResponse};
 
 use crate::errors::BrokerError;
 use crate::group::classic::ClassicState;
-use crate::group::codec::CoordinatorRecord;
 use crate::group::{self, GroupKind};
 use crate::kafka::RequestContext;
 use crate::types::now_ms;
@@ -69,7 +69,7 @@ async fn delete(
     let r = group::on_group(&ctx.shard, &id, move |s, partition| {
         async move {
             let now = now_ms();
-            let mut records = Vec::new();
+            let mut changes = Vec::new();
             let mut subscribed_flags = Vec::with_capacity(wanted.len());
             {
                 let mut c = s.groups.borrow_mut();
@@ -91,18 +91,14 @@ async fn delete(
                         continue;
                     }
                     for p in partitions {
-                        if g.offsets.remove(&(topic.clone(), p)).is_some() {
-                            records.push(CoordinatorRecord::Offset {
-                                group: gid.clone(),
-                                topic: topic.clone(),
-                                partition: p,
-                                value: None,
-                            });
+                        let key = (topic.clone(), p);
+                        if g.offsets.contains_key(&key) {
+                            changes.push((key, None));
                         }
                     }
                 }
             }
-            group::append(&partition, &records, now).await?;
+            group::write_offsets(&s, &partition, &gid, changes, now).await?;
             Ok(subscribed_flags)
         }
         .boxed_local()

@@ -39,6 +39,8 @@ command -v mvn >/dev/null || apt_packages+=(maven)
 command -v python3 >/dev/null || apt_packages+=(python3)
 # `ip netns` for the network-partition test.
 command -v ip >/dev/null || apt_packages+=(iproute2)
+# iptables inside a test's own namespace, for the one-way partition test.
+command -v iptables >/dev/null || apt_packages+=(iptables)
 if ! python3 -m pip --version >/dev/null 2>&1; then
     apt_packages+=(python3-pip)
 fi

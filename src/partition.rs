@@ -241,8 +241,8 @@ impl Partition {
     }
 
     /// `check_leader`, and for a replicated partition that the leader holds a current lease
-    /// (`Replica::read_lease`): what every read (Fetch, ListOffsets, OffsetForLeaderEpoch)
-    /// checks before it answers.
+    /// (`Replica::read_lease`): what Fetch and ListOffsets check before they answer.
+    /// (OffsetForLeaderEpoch checks the leader only.)
     pub async fn check_read(&self, current_leader_epoch: i32) -> Result<i32, BrokerError> {
         let epoch = self.check_leader(current_leader_epoch)?;
         self.read_lease().await?;

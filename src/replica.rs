@@ -46,7 +46,7 @@ use ferrolog_io::batch::BatchHeader;
 use ferrolog_io::{Log, LogConfig};
 use ferrolog_raft::async_runtime::watch::WatchReceiver;
 use ferrolog_raft::entry::{self, Batch};
-use ferrolog_raft::network::{GroupRaft, Transport};
+use ferrolog_raft::network::{GroupRaft, Transport, PRE_VOTE_GUARD};
 use ferrolog_raft::state_machine::{Applied, NextOffset, PartitionStateMachine};
 use ferrolog_raft::store::{LogStore, StoreView};
 use ferrolog_raft::wire::GroupId;
@@ -148,14 +148,43 @@ const LEASE_FRESH: Duration = Duration::from_millis(1500);
 
 /// A leader serves reads (Fetch, ListOffsets, a coordinator's requests) only while a quorum
 /// acknowledged it this recently, counted from when the acknowledged heartbeat or beat was
-/// sent. Its followers refuse Pre-Votes for 2 s after they last heard it (ferrolog-raft's
-/// `PRE_VOTE_GUARD`), so no other leader takes writes within this lease; the half second
+/// sent. Its followers refuse Pre-Votes and votes for 3 s after they last heard it
+/// (`PRE_VOTE_GUARD`), so no other leader takes writes within this lease; the half second
 /// between covers clock rates and scheduling. Heartbeats (every 500 ms) or beats (every
 /// second) renew it.
-const READ_LEASE: Duration = Duration::from_millis(1500);
+const READ_LEASE: Duration = Duration::from_millis(2500);
+const _: () = assert!(READ_LEASE.as_millis() < PRE_VOTE_GUARD.as_millis());
+
+/// How long a read waits for a heartbeat round to renew a lapsed lease: a leader whose
+/// followers are there gets an answer within a round trip, and one cut off should answer
+/// NOT_LEADER_OR_FOLLOWER soon, not after a client's request timeout.
+const READ_RENEW_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// How long a proposal waits for the lease to be renewed before NOT_LEADER_OR_FOLLOWER.
 const LEASE_RENEW_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A leader that no majority acknowledged for this long stops sending its followers
+/// anything (`Replica::check_quorum`), so that they, no longer hearing it, elect another.
+const CHECK_QUORUM: Duration = Duration::from_secs(6);
+
+/// How long a leader stays muted before it probes: longer than its followers take to stand
+/// once they stop hearing it (a quiet follower 4 s, then an election timeout of up to
+/// 3.5 s; a busy one openraft's 3.5 s lease and the timeout), with the others' 3 s vote
+/// guard run out by then.
+const MUTED_FOR: Duration = Duration::from_secs(10);
+
+/// How long a muted leader sends again before it may mute anew: one heartbeat round and
+/// catching a follower up take much less.
+const PROBE_FOR: Duration = Duration::from_secs(2);
+
+/// A leader's term, since when it leads in it, and when it last muted or probed.
+#[derive(Debug, Clone, Copy)]
+struct LedSince {
+    term: u64,
+    since: Instant,
+    muted_at: Option<Instant>,
+    probed_at: Option<Instant>,
+}
 
 /// A follower whose node answered no ping this long counts as gone for quiescence.
 const FOLLOWER_SILENT: Duration = Duration::from_secs(2);
@@ -165,6 +194,29 @@ const FOLLOWER_SILENT: Duration = Duration::from_secs(2);
 pub struct Reservation {
     pub base_offset: i64,
     term: Option<u64>,
+}
+
+/// A reserved proposal until `Replica::replicate` settles it. One dropped unsettled (its
+/// request went away, e.g. a DeleteRecords whose connection closed) may or may not be in the
+/// log: the leader's producer state is rebuilt before the next proposal, as after a refusal.
+struct InFlight<'a> {
+    replica: &'a Replica,
+    term: Option<u64>,
+    settled: bool,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let replica = self.replica;
+        assert!(
+            replica.in_flight.get() > 0,
+            "a reserved proposal settles once"
+        );
+        replica.in_flight.set(replica.in_flight.get() - 1);
+        if !self.settled && replica.ready_term.get() == self.term {
+            replica.resync.set(true);
+        }
+    }
 }
 
 /// A quiet group this node leads: its term and followers, for the coalesced beat.
@@ -223,6 +275,8 @@ pub struct Replica {
     quiet: Cell<bool>,
     /// What the leader last saw of its group, and since when it has been so.
     calm: Cell<Option<(u64, Instant)>>,
+    /// The term this node leads in, since when, and its check-quorum state.
+    led_since: Cell<Option<LedSince>>,
 }
 
 impl Replica {
@@ -306,6 +360,10 @@ impl Replica {
             let _ = raft.shutdown().await;
             return Err(std::io::Error::other(e));
         }
+        if !fresh {
+            // It may have acknowledged a leader just before it went down.
+            transport.hold_votes(group);
+        }
         if fresh && replicas.first() == Some(&node_id) {
             let members: BTreeMap<u64, BasicNode> = replicas
                 .iter()
@@ -342,6 +400,7 @@ impl Replica {
             group,
             quiet: Cell::new(false),
             calm: Cell::new(None),
+            led_since: Cell::new(None),
         };
         Ok((log, replica))
     }
@@ -547,7 +606,7 @@ impl Replica {
         if !self.is_leader() {
             return Err(BrokerError::NotLeaderOrFollower);
         }
-        self.renew_lease().await?;
+        self.renew_lease(READ_RENEW_TIMEOUT).await?;
         if self.has_read_lease() {
             Ok(())
         } else {
@@ -571,7 +630,7 @@ impl Replica {
                 .is_some_and(|t| t.elapsed() < READ_LEASE);
             let beaten = self
                 .transport
-                .followed_by(self.group, followers)
+                .followed_by(self.group, m.current_term, followers)
                 .is_some_and(|t| t.elapsed() < READ_LEASE);
             m.state == openraft::ServerState::Leader && m.running_state.is_ok() && (acked || beaten)
         };
@@ -650,27 +709,37 @@ impl Replica {
             }
             BrokerError::NotLeaderOrFollower
         };
+        let mut in_flight = InFlight {
+            replica: self,
+            term,
+            settled: false,
+        };
         let submitted = async {
             let _turn = self.proposing.lock().await;
             if !this_term() || self.resync.get() {
                 return Err(refuse());
             }
-            self.renew_lease().await.map_err(|_| refuse())?;
+            self.renew_lease(LEASE_RENEW_TIMEOUT)
+                .await
+                .map_err(|_| refuse())?;
             // The renewal may have waited: check again that the term stands.
             let current = self.raft.metrics().borrow_watched().current_term;
             if !this_term() || self.resync.get() || term != Some(current) {
                 return Err(refuse());
             }
             let (responder, mut rx) = ProgressResponder::complete_only();
-            self.raft
-                .client_write_ff(Batch(batch), Some(responder))
-                .await
-                .map_err(|_| refuse())?;
-            // The core takes messages in order: once it ran this, it has decided on the write.
-            self.raft
-                .with_raft_state(|_| ())
-                .await
-                .map_err(|_| refuse())?;
+            let decided = async {
+                self.raft
+                    .client_write_ff(Batch(batch), Some(responder))
+                    .await?;
+                // The core takes messages in order: once it ran this, it decided on the write.
+                self.raft.with_raft_state(|_| ()).await
+            };
+            // A core that does not take messages any more: the write may be in or not.
+            match GlommioRuntime::timeout(COMMIT_TIMEOUT, decided).await {
+                Ok(Ok(())) => {}
+                _ => return Err(refuse()),
+            }
             match rx.try_recv() {
                 Err(tokio::sync::oneshot::error::TryRecvError::Empty) => Ok((rx, None)),
                 Ok(Ok(response)) => Ok((rx, Some(response))),
@@ -692,7 +761,8 @@ impl Replica {
             },
             Err(e) => Err(e),
         };
-        self.in_flight.set(self.in_flight.get() - 1);
+        in_flight.settled = true;
+        drop(in_flight);
         match result? {
             Ok(response) => {
                 let index = response.log_id.index;
@@ -716,8 +786,8 @@ impl Replica {
     }
 
     /// Makes sure a quorum acknowledged this leader within `LEASE_FRESH`, with one heartbeat
-    /// round when it did not (a group back from a quiet spell).
-    async fn renew_lease(&self) -> Result<(), BrokerError> {
+    /// round when it did not (a group back from a quiet spell), waiting `timeout` for it.
+    async fn renew_lease(&self, timeout: Duration) -> Result<(), BrokerError> {
         let me = self.node_id;
         let fresh = |m: &openraft::RaftMetrics<ferrolog_raft::PartitionRaft>| {
             m.last_quorum_acked
@@ -737,7 +807,7 @@ impl Replica {
         let _ = self.raft.trigger().heartbeat().await;
         let renewed = self
             .raft
-            .wait(Some(LEASE_RENEW_TIMEOUT))
+            .wait(Some(timeout))
             .metrics(
                 |m| fresh(m) || m.current_leader != Some(me),
                 "leader lease renewed",
@@ -883,7 +953,8 @@ impl Replica {
     pub fn tend(&self, settling: bool) -> Option<QuietLead> {
         let m = self.raft.metrics();
         let m = m.borrow_watched();
-        let leading = m.state == openraft::ServerState::Leader;
+        let muted = self.check_quorum(&m, settling);
+        let leading = m.state == openraft::ServerState::Leader && !muted;
         let quiet = if settling {
             self.calm.set(None);
             self.quiet.get()
@@ -936,6 +1007,81 @@ impl Replica {
                 .filter(|id| *id != self.node_id)
                 .collect(),
         })
+    }
+
+    /// Check quorum (issue 17, h): a leader that no majority acknowledged (by heartbeat or
+    /// beat) for `CHECK_QUORUM` mutes itself for `MUTED_FOR`, sending its followers no
+    /// appends, heartbeats or beats, then sends again for `PROBE_FOR`, and so on until a
+    /// majority answers again or it leads no more. Followers that hear it but whose answers
+    /// are lost (a one-way partition) would otherwise refuse every vote for as long as it
+    /// lasts, while this leader can take no write, and the partition would stay unwritable.
+    /// Muted, it grants votes (it has no lease), and a vote or append of a later term
+    /// deposes it; probing, it lets a follower that needs its log (one it alone holds)
+    /// catch up. Not while `settling` (what it heard is stale then), but a new term always
+    /// starts unmuted. Returns whether it is muted.
+    fn check_quorum(
+        &self,
+        m: &openraft::RaftMetrics<ferrolog_raft::PartitionRaft>,
+        settling: bool,
+    ) -> bool {
+        let leading =
+            m.state == openraft::ServerState::Leader && m.current_leader == Some(self.node_id);
+        let now = Instant::now();
+        let mut led = match self.led_since.get() {
+            Some(led) if leading && led.term == m.current_term => led,
+            _ => {
+                self.transport.mute(self.group, false);
+                let led = LedSince {
+                    term: m.current_term,
+                    since: now,
+                    muted_at: None,
+                    probed_at: None,
+                };
+                self.led_since.set(leading.then_some(led));
+                return false;
+            }
+        };
+        if settling {
+            return led.muted_at.is_some();
+        }
+        let followers = m.membership_config.membership().voter_ids().count() / 2;
+        let acked = m.last_quorum_acked.as_ref().map(|t| t.elapsed());
+        let beaten = self
+            .transport
+            .followed_by(self.group, m.current_term, followers)
+            .map(|t| t.elapsed());
+        let silent = [acked, beaten]
+            .into_iter()
+            .flatten()
+            .chain([now.duration_since(led.since)])
+            .min()
+            .expect("not empty");
+        match led.muted_at {
+            Some(at) if now.duration_since(at) >= MUTED_FOR => {
+                tracing::info!(group = self.group.0, "a muted leader probes its followers");
+                led.muted_at = None;
+                led.probed_at = Some(now);
+            }
+            Some(_) => {}
+            None => {
+                let probing = led
+                    .probed_at
+                    .is_some_and(|at| now.duration_since(at) < PROBE_FOR);
+                if silent >= CHECK_QUORUM && !probing {
+                    tracing::warn!(
+                        group = self.group.0,
+                        term = m.current_term,
+                        ?silent,
+                        "no majority acknowledged this leader lately: it stops sending to \
+                         its followers for a while, so that they can elect another"
+                    );
+                    led.muted_at = Some(now);
+                }
+            }
+        }
+        self.transport.mute(self.group, led.muted_at.is_some());
+        self.led_since.set(Some(led));
+        led.muted_at.is_some()
     }
 
     /// Makes the group tick again at once (a proposal after a quiet spell, a follower that

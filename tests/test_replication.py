@@ -1014,3 +1014,111 @@ def test_cut_off_leader_stops_serving_reads(netns, tmp_path):
     finally:
         netns.heal()
         c.kill()
+
+
+def test_leader_whose_answers_are_lost_gives_way(netns, tmp_path):
+    """Issue 17, defect h. Node 3 leads a partition, and every answer nodes 1 and 2 send to
+    node 3's requests is lost (iptables in node 3's namespace drops their data packets from
+    the Raft ports; TCP acknowledgements still pass, so node 3's appends, heartbeats and
+    beats do arrive). Node 3 can commit nothing, and its followers, hearing it, would refuse
+    each other's votes for as long as it lasts. With check quorum, node 3 goes silent after
+    6 s without a majority, and nodes 1 and 2 elect one of them, which takes writes; nothing
+    acknowledged before is lost. Before the fix, no write was taken for the whole fault."""
+    from kafka_wire import produce as produce_raw
+    from kafka_wire import record_batch
+
+    c = Cluster(tmp_path, extra={"replica.lag.time.max.ms": LAG_MS},
+                hosts={1: netns.host, 2: netns.host, 3: netns.inside}, netns={3: netns.name})  # fmt: skip
+    ports = ",".join(str(c.raft_ports[i] + shard) for i in (1, 2) for shard in range(2))
+    # Data packets only: acknowledgements and connection set-up (SYN-ACK) still pass.
+    rule = ["INPUT", "-p", "tcp", "-m", "multiport", "--sports", ports, "--tcp-flags", "SYN", "NONE",
+            "-m", "length", "--length", "53:65535", "-j", "DROP"]  # fmt: skip
+
+    def iptables(*args):
+        subprocess.run(["ip", "netns", "exec", netns.name, "iptables", *args], check=True, capture_output=True, timeout=10)
+
+    try:
+        started(c)
+        topic = "one-way"
+        replicated_topic(c, topic, 6)
+        led = [i for i, p in partitions_v8(c, 1, topic).items() if p["leader"] == 3]
+        assert led, "node 3 leads none of six partitions"
+        partition = led[0]
+        sent = produce(c.bootstrap(), topic, 6, 60, "a")
+        iptables("-A", *rule)
+        started_at = time.monotonic()
+
+        def written_elsewhere():
+            for node in (1, 2):
+                try:
+                    with Connection(c.nodes[node].bootstrap, timeout_s=15) as conn:
+                        answer = produce_raw(conn, {topic: {partition: record_batch([b"after"])}}, timeout_ms=5000)
+                except OSError:
+                    continue  # no answer in time
+                if answer[(topic, partition)]["error_code"] == 0:
+                    return node
+            time.sleep(0.5)
+            return None
+
+        taken = wait_until(written_elsewhere, "a write taken by node 1 or 2", timeout_s=45)
+        took_s = time.monotonic() - started_at
+        iptables("-D", *rule)
+        wait_until(lambda: all_led(c, topic, 6), "node 3 back in every ISR", timeout_s=30)
+        got = {p: [v for _, v in read_partition(c.bootstrap(), topic, p)] for p in range(6)}
+        got[partition] = [v for v in got[partition] if v != "after"]
+        check(sent, got)
+        print(f"node {taken} took the write {took_s:.1f} s into the fault")
+    finally:
+        subprocess.run(["ip", "netns", "exec", netns.name, "iptables", "-F"], capture_output=True, timeout=10)
+        c.kill()
+
+
+def test_muted_leader_lets_a_lagging_follower_catch_up(netns, tmp_path):
+    """Check quorum (defect h's fix) must not wedge a partition. Of a partition's followers
+    one is killed and the other, node 3, cut off the network right after the leader took an
+    acks=1 batch, which only the leader then holds. With no majority for 6 s, the leader
+    mutes itself. Node 3 returns behind the leader's log, so it cannot be elected; the
+    leader must send again (it probes after 10 s muted), catch it up, and take writes."""
+    from kafka_wire import produce as produce_raw
+    from kafka_wire import record_batch
+
+    c = Cluster(tmp_path, extra={"replica.lag.time.max.ms": LAG_MS},
+                hosts={1: netns.host, 2: netns.host, 3: netns.inside}, netns={3: netns.name})  # fmt: skip
+    try:
+        started(c)
+        topic = "probe"
+        replicated_topic(c, topic, 6)
+        partition, leader = next((i, p["leader"]) for i, p in partitions_v8(c, 1, topic).items() if p["leader"] != 3)
+        dead = next(i for i in (1, 2) if i != leader)
+        c.nodes[dead].kill9()
+        with Connection(c.nodes[leader].bootstrap, timeout_s=30) as conn:
+            warm = produce_raw(conn, {topic: {partition: record_batch([b"warm"])}})[(topic, partition)]
+            assert warm["error_code"] == 0, warm
+            netns.cut()
+            # At once, while the leader's lease is fresh: in the leader's log alone.
+            alone = produce_raw(conn, {topic: {partition: record_batch([b"alone"])}}, acks=1)[(topic, partition)]
+            assert alone["error_code"] == 0, alone
+        time.sleep(8)  # past the 6 s without a majority: the leader mutes
+        # Node 3's connections die with the cut (else TCP would deliver the batch on heal).
+        subprocess.run(["ip", "netns", "exec", netns.name, "ss", "-K", "state", "established"],
+                       check=True, capture_output=True, timeout=10)  # fmt: skip
+        netns.heal()
+
+        def written():
+            for node in (leader, 3):
+                try:
+                    with Connection(c.nodes[node].bootstrap, timeout_s=15) as conn:
+                        answer = produce_raw(conn, {topic: {partition: record_batch([b"after"])}}, timeout_ms=5000)
+                except OSError:
+                    continue
+                if answer[(topic, partition)]["error_code"] == 0:
+                    return node
+            time.sleep(0.5)
+            return None
+
+        wait_until(written, "the partition taking writes again", timeout_s=40)
+        values = [v for _, v in read_partition(c.bootstrap(leader, 3), topic, partition)]
+        assert "warm" in values and "after" in values, values
+    finally:
+        netns.heal()
+        c.kill()

@@ -27,7 +27,7 @@
 //! which is what quiescent followers watch. `log_start` asks a peer where its replica of a
 //! group starts its log (DeleteRecords waits for every live replica, as in Kafka). A quiet group has no Raft lease (no heartbeats
 //! renew it), so `heard` also stands in for it: a replica that heard from the rest of its group
-//! within [`PRE_VOTE_GUARD`] refuses Pre-Votes, and a node that merely missed some beats
+//! within [`PRE_VOTE_GUARD`] refuses Pre-Votes and votes, and a node that merely missed some beats
 //! cannot take a live leader's partition away.
 
 use std::cell::{Cell, RefCell};
@@ -65,10 +65,13 @@ pub const SERVER_IN_FLIGHT_MAX: usize = 1024;
 const SERVER_IN_FLIGHT_KIB_MAX: usize = 256 << 10;
 /// How long a connect may take before the peer counts as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-/// A replica that heard from the rest of its group this recently refuses Pre-Votes (see
-/// `Transport::refuses_pre_vote`). Beats come every second, and a follower whose leader died
-/// waits 4 s before it stands, by when the others' guard has run out too.
-const PRE_VOTE_GUARD: Duration = Duration::from_secs(2);
+/// A replica that heard from the rest of its group this recently refuses Pre-Votes and votes
+/// (see `Transport::refuses_vote`), and so does one that restarted this recently with a log.
+/// Beats come every second, and a follower whose leader died waits 4 s before it stands, by
+/// when the others' guard has run out too; a busy group's followers refuse votes for
+/// openraft's 3.5 s lease anyway. A leader's lease for reads (the broker's `READ_LEASE`) is
+/// shorter, so no other leader is elected while it serves them.
+pub const PRE_VOTE_GUARD: Duration = Duration::from_secs(3);
 
 /// A message the wire does not carry in that direction, or a reply of the wrong kind.
 #[derive(Debug, thiserror::Error)]
@@ -118,6 +121,10 @@ pub type ForwardHandler = Rc<dyn Fn(Bytes) -> LocalBoxFuture<'static, Result<Byt
 /// A peer shard: its node id and shard index.
 type PeerKey = (u64, usize);
 
+/// A quiet group's term, and per follower node when it was sent the last beat of that term
+/// it answered as a follower.
+type Followed = (u64, HashMap<u64, std::time::Instant>);
+
 /// This shard's Raft transport: its peers (client side) and its groups (server side).
 pub struct Transport {
     peers: RefCell<HashMap<PeerKey, Rc<Peer>>>,
@@ -133,9 +140,13 @@ pub struct Transport {
     /// When each group last took an append (entries or a heartbeat) from its leader, or was
     /// in its leader node's coalesced heartbeat.
     heard: RefCell<HashMap<GroupId, std::time::Instant>>,
-    /// Per quiet group this node leads and per follower node, when the last beat that
-    /// follower answered as a follower of this node was sent.
-    followed: RefCell<HashMap<GroupId, HashMap<u64, std::time::Instant>>>,
+    /// Per quiet group this node leads: the term, and per follower node when the last beat
+    /// of that term it answered as a follower of this node was sent.
+    followed: RefCell<HashMap<GroupId, Followed>>,
+    /// When each group with a log was registered after a restart (`hold_votes`).
+    restarted: RefCell<HashMap<GroupId, std::time::Instant>>,
+    /// Groups whose leader here sends its followers nothing (`mute`).
+    muted: RefCell<std::collections::HashSet<GroupId>>,
     forward: RefCell<Option<ForwardHandler>>,
     tasks: Rc<TaskSet>,
 }
@@ -151,6 +162,8 @@ impl Transport {
             logs: RefCell::new(HashMap::new()),
             heard: RefCell::new(HashMap::new()),
             followed: RefCell::new(HashMap::new()),
+            restarted: RefCell::new(HashMap::new()),
+            muted: RefCell::new(std::collections::HashSet::new()),
             forward: RefCell::new(None),
             tasks: Rc::new(TaskSet::default()),
         })
@@ -209,6 +222,8 @@ impl Transport {
     pub fn unregister(&self, group: GroupId) -> Option<GroupRaft> {
         self.heard.borrow_mut().remove(&group);
         self.followed.borrow_mut().remove(&group);
+        self.restarted.borrow_mut().remove(&group);
+        self.muted.borrow_mut().remove(&group);
         self.logs.borrow_mut().remove(&group);
         self.groups.borrow_mut().remove(&group)
     }
@@ -320,7 +335,7 @@ impl Transport {
                 "shard {shard} of node {node_id} is not a known peer"
             ));
         };
-        let ids: Vec<GroupId> = groups.iter().map(|(group, _)| *group).collect();
+        let ids = groups.clone();
         let sent = std::time::Instant::now();
         match peer
             .call(GroupId(0), Message::Beat { leader, groups }, ttl)
@@ -328,8 +343,13 @@ impl Transport {
         {
             Ok(Message::BeatReply(stale)) => {
                 let mut followed = self.followed.borrow_mut();
-                for group in ids.into_iter().filter(|g| !stale.contains(g)) {
-                    followed.entry(group).or_default().insert(node_id, sent);
+                for (group, term) in ids.into_iter().filter(|(g, _)| !stale.contains(g)) {
+                    let (at_term, by) = followed.entry(group).or_default();
+                    if *at_term != term {
+                        *at_term = term;
+                        by.clear();
+                    }
+                    by.insert(node_id, sent);
                 }
                 Ok(stale)
             }
@@ -368,17 +388,53 @@ impl Transport {
         self.liveness(node_id, group, within).0
     }
 
-    /// For a quiet `group` this node leads: the latest time by which `followers` of its
-    /// followers had each been sent a beat they answered as its followers (a quorum's worth
-    /// of them is the leader's lease for reads while the group sends no heartbeats).
-    pub fn followed_by(&self, group: GroupId, followers: usize) -> Option<std::time::Instant> {
-        let followed = self.followed.borrow();
-        let mut sent: Vec<std::time::Instant> = followed.get(&group)?.values().copied().collect();
-        sent.sort_unstable_by(|a, b| b.cmp(a));
-        match followers {
-            0 => Some(std::time::Instant::now()),
-            n => sent.get(n - 1).copied(),
+    /// For a quiet `group` this node leads in `term`: the latest time by which `followers`
+    /// of its followers had each been sent a beat of that term they answered as its
+    /// followers (a quorum's worth of them is the leader's lease for reads while the group
+    /// sends no heartbeats).
+    pub fn followed_by(
+        &self,
+        group: GroupId,
+        term: u64,
+        followers: usize,
+    ) -> Option<std::time::Instant> {
+        if followers == 0 {
+            return Some(std::time::Instant::now());
         }
+        let followed = self.followed.borrow();
+        let (at_term, by) = followed.get(&group)?;
+        if *at_term != term {
+            return None;
+        }
+        let mut sent: Vec<std::time::Instant> = by.values().copied().collect();
+        sent.sort_unstable_by(|a, b| b.cmp(a));
+        sent.get(followers - 1).copied()
+    }
+
+    /// Stops (or resumes) sending appends and snapshots of `group` from this node: a leader
+    /// that no majority acknowledged for long goes silent so that its followers elect
+    /// another (the broker's `Replica::check_quorum`). Votes still go out and are answered.
+    pub fn mute(&self, group: GroupId, muted: bool) {
+        let mut set = self.muted.borrow_mut();
+        if muted {
+            set.insert(group);
+        } else {
+            set.remove(&group);
+        }
+    }
+
+    /// Whether `group` is muted here (`mute`).
+    pub fn is_muted(&self, group: GroupId) -> bool {
+        self.muted.borrow().contains(&group)
+    }
+
+    /// Refuses votes in `group` for `PRE_VOTE_GUARD` from now: its replica restarted with a
+    /// log, and may have acknowledged a leader just before, whose lease for reads still runs
+    /// (openraft's own vote lease starts empty after a restart).
+    pub fn hold_votes(&self, group: GroupId) {
+        self.restarted
+            .borrow_mut()
+            .insert(group, std::time::Instant::now());
     }
 
     /// When `group` last heard from its leader here (an append, or its node's `beat`).
@@ -488,19 +544,24 @@ impl Transport {
             .collect()
     }
 
-    /// Whether to refuse a Pre-Vote in `group`: this replica heard from the rest of its group
-    /// within `PRE_VOTE_GUARD`, as a follower of a live leader from that leader, as a leader
-    /// from a follower that answered its beat. openraft's own lease does the same for a
-    /// group that heartbeats, but a quiet group sends none.
-    fn refuses_pre_vote(&self, group: GroupId, raft: &GroupRaft) -> bool {
+    /// Whether to refuse a Pre-Vote or a vote (other than a leadership transfer) in `group`:
+    /// this replica heard from the rest of its group within `PRE_VOTE_GUARD`, as a follower
+    /// of a live leader from that leader, as a leader from a follower that answered its
+    /// beat, or restarted that recently (`hold_votes`). openraft's own lease does the same
+    /// for a group that heartbeats, but a quiet group sends none. The real vote is guarded
+    /// too: a replica that granted a Pre-Vote and then heard its leader again must not
+    /// elect another while that leader's lease for reads runs.
+    fn refuses_vote(&self, group: GroupId, raft: &GroupRaft) -> bool {
         let m = raft.metrics();
         let m = m.borrow_watched();
         let last = match m.state {
-            openraft::ServerState::Leader => self.followed_by(group, 1),
+            openraft::ServerState::Leader => self.followed_by(group, m.current_term, 1),
             openraft::ServerState::Follower if m.current_leader.is_some() => self.heard(group),
             _ => None,
         };
-        last.is_some_and(|t| t.elapsed() < PRE_VOTE_GUARD)
+        let restarted = self.restarted.borrow().get(&group).copied();
+        last.max(restarted)
+            .is_some_and(|t| t.elapsed() < PRE_VOTE_GUARD)
     }
 
     async fn handle(&self, group: GroupId, message: Message) -> Message {
@@ -540,12 +601,23 @@ impl Transport {
                 }
                 Err(e) => Message::Failed(e.to_string()),
             },
+            Message::Vote(rpc) if !rpc.leadership_transfer && self.refuses_vote(group, &raft) => {
+                // Answered as a Pre-Vote would be (this replica's vote and log, unchanged),
+                // and not granted.
+                match raft.pre_vote(rpc).await {
+                    Ok(mut reply) => {
+                        reply.vote_granted = false;
+                        Message::VoteReply(reply)
+                    }
+                    Err(e) => Message::Failed(e.to_string()),
+                }
+            }
             Message::Vote(rpc) => match raft.vote(rpc).await {
                 Ok(reply) => Message::VoteReply(reply),
                 Err(e) => Message::Failed(e.to_string()),
             },
             Message::PreVote(rpc) => {
-                let refuse = self.refuses_pre_vote(group, &raft);
+                let refuse = self.refuses_vote(group, &raft);
                 match raft.pre_vote(rpc).await {
                     // openraft's answer carries this replica's log, which a lagging
                     // candidate backs off on; only the grant is overruled.
@@ -869,6 +941,17 @@ impl PeerClient {
         self.transport.peer(self.target, &self.addr, self.group)
     }
 
+    /// Fails while the group is muted here (`Transport::mute`).
+    fn not_muted(&self) -> Result<(), Unreachable<PartitionRaft>> {
+        if self.transport.is_muted(self.group) {
+            return Err(Unreachable::new(&Protocol(format!(
+                "group {} is muted: no majority acknowledged its leader lately",
+                self.group.0
+            ))));
+        }
+        Ok(())
+    }
+
     /// A `Vote` or `PreVote`, answered by a `VoteReply`.
     async fn ask_vote(
         &self,
@@ -932,6 +1015,7 @@ impl RaftNetworkV2<PartitionRaft> for PeerClient {
             rpc.entries.truncate(fits);
         }
         let last = rpc.entries.last().map(|e| e.log_id);
+        self.not_muted()?;
         match self.rpc(Message::Append(rpc), option.hard_ttl()).await? {
             Message::AppendReply(AppendEntriesResponse::Success) if cut => {
                 Ok(AppendEntriesResponse::PartialSuccess(last))
@@ -964,6 +1048,7 @@ impl RaftNetworkV2<PartitionRaft> for PeerClient {
         _cancel: impl std::future::Future<Output = ReplicationClosed> + 'static,
         option: RPCOption,
     ) -> Result<SnapshotResponse<PartitionRaft>, StreamingError<PartitionRaft>> {
+        self.not_muted()?;
         let meta: Meta = snapshot.meta;
         let reply = self
             .peer()

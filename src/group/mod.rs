@@ -90,6 +90,17 @@ pub fn partition_for(group_id: &str, partitions: i32) -> i32 {
     abs % partitions
 }
 
+thread_local! {
+    static NEXT_INCARNATION: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+fn next_incarnation() -> u64 {
+    NEXT_INCARNATION.with(|n| {
+        n.set(n.get() + 1);
+        n.get()
+    })
+}
+
 pub enum GroupKind {
     Classic(ClassicGroup),
     Consumer(ConsumerGroup),
@@ -106,9 +117,13 @@ pub struct Group {
     /// offsets partition: two writes of one offset may be confirmed out of order, and the
     /// later one in the log must win, as in a replay.
     offsets_landed_at: HashMap<(String, i32), i64>,
-    /// Offset writes of this group appended but not yet confirmed: its offsets do not
-    /// expire meanwhile (the tombstone would land after the pending value).
-    offset_writes: u32,
+    /// The offsets of this group with writes appended but not yet confirmed, and how many
+    /// each: they do not expire meanwhile (the tombstone would land after the pending
+    /// value), the group is not dropped as vacant, and deleting the group tombstones them.
+    pending_offsets: HashMap<(String, i32), u32>,
+    /// Tells this group apart from one of the same id deleted or unloaded before: a write
+    /// confirmed after that applies to neither.
+    incarnation: u64,
     /// The group's metadata record as last written: a classic group is persisted only when a
     /// rebalance completes, and a rewrite of the partition must keep that, not a state in
     /// the middle of a rebalance.
@@ -124,9 +139,15 @@ impl Group {
             kind: GroupKind::Classic(ClassicGroup::new(now_ms, cfg.initial_rebalance_delay_ms)),
             offsets: BTreeMap::new(),
             offsets_landed_at: HashMap::new(),
-            offset_writes: 0,
+            pending_offsets: HashMap::new(),
+            incarnation: next_incarnation(),
             persisted: None,
         }
+    }
+
+    /// The offsets a write is pending for (see `pending_offsets`).
+    pub fn pending_offsets(&self) -> impl Iterator<Item = &(String, i32)> {
+        self.pending_offsets.keys()
     }
 
     /// Applies offset changes whose write landed at `landed_at` and is now durable; a change
@@ -363,7 +384,7 @@ impl GroupCoordinator {
         let partitions = &self.partitions;
         for (id, g) in self.groups.iter_mut() {
             let loaded = partitions.get(&g.partition).copied().unwrap_or(false);
-            if !loaded || !g.has_no_members() || g.offset_writes > 0 {
+            if !loaded || !g.has_no_members() || !g.pending_offsets.is_empty() {
                 continue;
             }
             let emptied_at = match &g.kind {
@@ -447,6 +468,7 @@ impl GroupCoordinator {
     fn drop_vacant(&mut self) {
         self.groups.retain(|_, g| {
             !(g.offsets.is_empty()
+                && g.pending_offsets.is_empty()
                 && matches!(&g.kind, GroupKind::Classic(c) if c.protocol_type.is_none() && c.is_empty()))
         });
     }
@@ -634,6 +656,13 @@ where
                     .read_lease()
                     .await
                     .map_err(|_| BrokerError::NotCoordinator)?;
+                // The renewal may have waited: the lead may have moved, or a load begun.
+                if !partition.is_leader() {
+                    return Err(BrokerError::NotCoordinator);
+                }
+                if !s.groups.borrow().is_loaded(tp.partition) {
+                    return Err(BrokerError::CoordinatorLoadInProgress);
+                }
                 f(s, partition).await
             }
             .boxed_local()
@@ -698,28 +727,36 @@ pub async fn write_offsets(
         })
         .collect();
     let index = partition.index;
-    let load = {
+    let keys: Vec<(String, i32)> = changes.iter().map(|(key, _)| key.clone()).collect();
+    let (load, incarnation) = {
         let mut c = shard.groups.borrow_mut();
         *c.offset_writes.entry(index).or_default() += 1;
-        if let Some(g) = c.groups.get_mut(group_id) {
-            g.offset_writes += 1;
-        }
-        c.loads.get(&index).copied()
+        let incarnation = c.groups.get_mut(group_id).map(|g| {
+            for key in &keys {
+                *g.pending_offsets.entry(key.clone()).or_default() += 1;
+            }
+            g.incarnation
+        });
+        (c.loads.get(&index).copied(), incarnation)
     };
     // Counts the write as pending until it settles, also when the request is dropped.
     let _pending = PendingOffsetWrite {
         shard,
         index,
         group_id,
-        load,
+        incarnation,
+        keys,
     };
     let landed = append_landed(partition, &records, now_ms).await?;
     let mut c = shard.groups.borrow_mut();
-    // A load since (the lead moved away and back) replayed the log, this write included.
+    // A load since (the lead moved away and back) replayed the log, this write included;
+    // a group deleted since has the tombstones after it.
     let current = load.is_some_and(|load| c.is_current_load(index, load));
     if let (Some(landed), true) = (landed, current) {
         if let Some(g) = c.groups.get_mut(group_id) {
-            g.apply_offsets(changes, landed.base_offset);
+            if Some(g.incarnation) == incarnation {
+                g.apply_offsets(changes, landed.base_offset);
+            }
         }
     }
     Ok(())
@@ -730,7 +767,8 @@ struct PendingOffsetWrite<'a> {
     shard: &'a Shard,
     index: i32,
     group_id: &'a str,
-    load: Option<u64>,
+    incarnation: Option<u64>,
+    keys: Vec<(String, i32)>,
 }
 
 impl Drop for PendingOffsetWrite<'_> {
@@ -739,14 +777,18 @@ impl Drop for PendingOffsetWrite<'_> {
         let n = c.offset_writes.get_mut(&self.index).expect("counted");
         assert!(*n > 0, "an offset write settles once");
         *n -= 1;
-        // A group loaded anew since has its own count. One deleted and made again by
-        // another commit meanwhile started from zero: it may count one write short.
-        if self
-            .load
-            .is_some_and(|load| c.is_current_load(self.index, load))
-        {
-            if let Some(g) = c.groups.get_mut(self.group_id) {
-                g.offset_writes = g.offset_writes.saturating_sub(1);
+        // A group deleted or loaded anew since has its own count.
+        let Some(g) = c.groups.get_mut(self.group_id) else {
+            return;
+        };
+        if Some(g.incarnation) != self.incarnation {
+            return;
+        }
+        for key in &self.keys {
+            let pending = g.pending_offsets.get_mut(key).expect("counted");
+            *pending -= 1;
+            if *pending == 0 {
+                g.pending_offsets.remove(key);
             }
         }
     }
@@ -857,6 +899,7 @@ pub async fn tick_loop(shard: Rc<Shard>) {
     let cfg = shard.config.group.clone();
     let mut next_expiry = now_ms() + cfg.offsets_retention_check_interval_ms;
     let mut next_snapshot_check = now_ms() + SNAPSHOT_CHECK_MS;
+    let mut put_off: Vec<i32> = Vec::new();
     loop {
         glommio::timer::sleep(Duration::from_millis(TICK_MS)).await;
         follow_leadership(&shard);
@@ -911,7 +954,10 @@ pub async fn tick_loop(shard: Rc<Shard>) {
         }
         if now >= next_snapshot_check {
             next_snapshot_check = now + SNAPSHOT_CHECK_MS;
-            snapshot_partitions(&shard, now);
+            put_off = snapshot_partitions(&shard, now, None);
+        } else if !put_off.is_empty() {
+            // Put off for an offset write in flight: looked at again each tick.
+            put_off = snapshot_partitions(&shard, now, Some(&put_off));
         }
     }
 }
@@ -921,26 +967,30 @@ pub async fn tick_loop(shard: Rc<Shard>) {
 /// records (plus some slack), it appends all live records again and, once they are durable
 /// (committed, when replicated), moves the log start to them, which deletes the older
 /// segments (on every replica, through a Raft entry, see `Partition::move_log_start`). A
-/// load then replays the live state and what came after it.
-fn snapshot_partitions(shard: &Rc<Shard>, now: i64) {
+/// load then replays the live state and what came after it. Not while an offset write of
+/// the partition is in flight (its value would land before the older one in the copy);
+/// returns the partitions put off for that. `only`: look at these partitions alone.
+fn snapshot_partitions(shard: &Rc<Shard>, now: i64, only: Option<&[i32]>) -> Vec<i32> {
+    let mut put_off = Vec::new();
     let indexes: Vec<i32> = shard
         .groups
         .borrow()
         .partitions
         .iter()
-        .filter(|(_, loaded)| **loaded)
+        .filter(|(i, loaded)| **loaded && only.is_none_or(|only| only.contains(i)))
         .map(|(i, _)| *i)
         .collect();
     for index in indexes {
         let Some(partition) = offsets_partition(shard, index) else {
             continue;
         };
-        if shard.groups.borrow().offset_writes.get(&index) > Some(&0) {
-            continue; // at a later check
-        }
         let logged = partition.log.end_offset() - partition.log.start_offset();
         let live = shard.groups.borrow().live_record_count(index);
         if logged <= 2 * live as i64 + SNAPSHOT_SLACK_RECORDS {
+            continue;
+        }
+        if shard.groups.borrow().offset_writes.get(&index) > Some(&0) {
+            put_off.push(index);
             continue;
         }
         let records = shard.groups.borrow().live_records(index);
@@ -985,6 +1035,7 @@ fn snapshot_partitions(shard: &Rc<Shard>, now: i64) {
         })
         .detach();
     }
+    put_off
 }
 
 /// Writes whose outcome nobody waits for (a failure is logged by `append`).
@@ -1114,7 +1165,8 @@ mod tests {
             kind: GroupKind::Classic(ClassicGroup::new(0, 0)),
             offsets: BTreeMap::new(),
             offsets_landed_at: HashMap::new(),
-            offset_writes: 0,
+            pending_offsets: HashMap::new(),
+            incarnation: 0,
             persisted: None,
         };
         let key = || ("t".to_string(), 0);
@@ -1139,7 +1191,8 @@ mod tests {
             kind: GroupKind::Classic(ClassicGroup::new(0, 0)),
             offsets: BTreeMap::new(),
             offsets_landed_at: HashMap::new(),
-            offset_writes: 0,
+            pending_offsets: HashMap::new(),
+            incarnation: 0,
             persisted: None,
         };
         simple.offsets.insert(("t".into(), 0), offset(1_000));
@@ -1152,7 +1205,8 @@ mod tests {
             kind: GroupKind::Consumer(ConsumerGroup::new(3, "uniform", 2_000)),
             offsets: BTreeMap::new(),
             offsets_landed_at: HashMap::new(),
-            offset_writes: 0,
+            pending_offsets: HashMap::new(),
+            incarnation: 0,
             persisted: None,
         };
         empty.offsets.insert(("t".into(), 0), offset(0));
@@ -1161,11 +1215,12 @@ mod tests {
         assert!(c.expire(10_000, 10_999).is_empty());
         // Not while a write of the group's offsets is in flight: its tombstone would land
         // after the pending value.
-        c.groups.get_mut("simple").expect("present").offset_writes = 1;
-        c.groups.get_mut("empty").expect("present").offset_writes = 1;
+        let pending = || HashMap::from([(("t".to_string(), 0), 1)]);
+        c.groups.get_mut("simple").expect("present").pending_offsets = pending();
+        c.groups.get_mut("empty").expect("present").pending_offsets = pending();
         assert!(c.expire(10_000, 12_000).is_empty());
-        c.groups.get_mut("simple").expect("present").offset_writes = 0;
-        c.groups.get_mut("empty").expect("present").offset_writes = 0;
+        c.groups.get_mut("simple").expect("present").pending_offsets = HashMap::new();
+        c.groups.get_mut("empty").expect("present").pending_offsets = HashMap::new();
         let w = c.expire(10_000, 12_000);
         // Partition 0 of "simple" (committed at 1_000) and all of "empty", whose metadata is
         // deleted too.

@@ -43,9 +43,12 @@ async fn delete(ctx: &RequestContext, id: String) -> Result<(), BrokerError> {
                 if !g.has_no_members() {
                     return Err(BrokerError::NonEmptyGroup);
                 }
-                let mut records: Vec<CoordinatorRecord> = g
-                    .offsets
-                    .keys()
+                // Offsets whose commit is still pending are deleted too: the tombstones land
+                // after them.
+                let keys: std::collections::BTreeSet<&(String, i32)> =
+                    g.offsets.keys().chain(g.pending_offsets()).collect();
+                let mut records: Vec<CoordinatorRecord> = keys
+                    .into_iter()
                     .map(|(topic, p)| CoordinatorRecord::Offset {
                         group: gid.clone(),
                         topic: topic.clone(),

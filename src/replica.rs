@@ -618,23 +618,19 @@ impl Replica {
         if !self.is_leader() {
             return false;
         }
-        let fresh = {
-            let m = self.raft.metrics();
-            let m = m.borrow_watched();
-            let voters = m.membership_config.membership().voter_ids().count();
-            // Followers needed besides this leader for a majority of the voters.
-            let followers = voters / 2;
-            let acked = m
-                .last_quorum_acked
-                .as_ref()
-                .is_some_and(|t| t.elapsed() < READ_LEASE);
-            let beaten = self
-                .transport
-                .followed_by(self.group, m.current_term, followers)
-                .is_some_and(|t| t.elapsed() < READ_LEASE);
-            m.state == openraft::ServerState::Leader && m.running_state.is_ok() && (acked || beaten)
-        };
-        fresh
+        let m = self.raft.metrics();
+        let m = m.borrow_watched();
+        // Followers needed besides this leader for a majority of the voters.
+        let followers = m.membership_config.membership().voter_ids().count() / 2;
+        let acked = m
+            .last_quorum_acked
+            .as_ref()
+            .is_some_and(|t| t.elapsed() < READ_LEASE);
+        let beaten = self
+            .transport
+            .followed_by(self.group, m.current_term, followers)
+            .is_some_and(|t| t.elapsed() < READ_LEASE);
+        m.state == openraft::ServerState::Leader && m.running_state.is_ok() && (acked || beaten)
     }
 
     /// Checks this replica may take produce requests now (it leads and has applied all of

@@ -542,11 +542,22 @@ def netns():
         ns.delete()
 
 
+def cut_off_able(netns, tmp_path):
+    """A cluster (not started) with nodes 1 and 2 on the host end of the veth and node 3
+    inside the namespace: cutting the link cuts node 3 off from both."""
+    return Cluster(tmp_path, extra={"replica.lag.time.max.ms": LAG_MS},
+                   hosts={1: netns.host, 2: netns.host, 3: netns.inside}, netns={3: netns.name})  # fmt: skip
+
+
+def led_by_3(c, topic):
+    """A partition of `topic` (six, RF 3, created and led) that node 3 leads."""
+    led = [i for i, p in partitions_v8(c, 1, topic).items() if p["leader"] == 3]
+    assert led, "node 3 leads none of six partitions"
+    return led[0]
+
+
 def test_cut_off_follower_returns_without_taking_leadership(netns, tmp_path):
-    # Nodes 1 and 2 on the host end of the veth, node 3 inside the namespace: cutting the
-    # link cuts node 3 off from both.
-    c = Cluster(tmp_path, extra={"replica.lag.time.max.ms": LAG_MS},
-                hosts={1: netns.host, 2: netns.host, 3: netns.inside}, netns={3: netns.name})  # fmt: skip
+    c = cut_off_able(netns, tmp_path)
     try:
         started(c)
         topic = "cut"
@@ -959,15 +970,12 @@ def test_cut_off_leader_stops_serving_reads(netns, tmp_path):
     out. Before the fix it answered with the stale HW and offset for the whole cut."""
     import kafka_wire as wire
 
-    c = Cluster(tmp_path, extra={"replica.lag.time.max.ms": LAG_MS},
-                hosts={1: netns.host, 2: netns.host, 3: netns.inside}, netns={3: netns.name})  # fmt: skip
+    c = cut_off_able(netns, tmp_path)
     try:
         started(c)
         topic = "stale"
         replicated_topic(c, topic, 6)
-        led = [i for i, p in partitions_v8(c, 1, topic).items() if p["leader"] == 3]
-        assert led, "node 3 leads none of six partitions"
-        partition = led[0]
+        partition = led_by_3(c, topic)
         produce(c.bootstrap(), topic, 6, 60, "a")
         # A group whose offsets partition node 3 leads, with an offset committed there.
         wire.wait_for_coordinator(c.nodes[1].bootstrap, "probe")
@@ -1027,8 +1035,7 @@ def test_leader_whose_answers_are_lost_gives_way(netns, tmp_path):
     from kafka_wire import produce as produce_raw
     from kafka_wire import record_batch
 
-    c = Cluster(tmp_path, extra={"replica.lag.time.max.ms": LAG_MS},
-                hosts={1: netns.host, 2: netns.host, 3: netns.inside}, netns={3: netns.name})  # fmt: skip
+    c = cut_off_able(netns, tmp_path)
     ports = ",".join(str(c.raft_ports[i] + shard) for i in (1, 2) for shard in range(2))
     # Data packets only: acknowledgements and connection set-up (SYN-ACK) still pass.
     rule = ["INPUT", "-p", "tcp", "-m", "multiport", "--sports", ports, "--tcp-flags", "SYN", "NONE",
@@ -1041,9 +1048,7 @@ def test_leader_whose_answers_are_lost_gives_way(netns, tmp_path):
         started(c)
         topic = "one-way"
         replicated_topic(c, topic, 6)
-        led = [i for i, p in partitions_v8(c, 1, topic).items() if p["leader"] == 3]
-        assert led, "node 3 leads none of six partitions"
-        partition = led[0]
+        partition = led_by_3(c, topic)
         sent = produce(c.bootstrap(), topic, 6, 60, "a")
         iptables("-A", *rule)
         started_at = time.monotonic()
@@ -1082,8 +1087,7 @@ def test_muted_leader_lets_a_lagging_follower_catch_up(netns, tmp_path):
     from kafka_wire import produce as produce_raw
     from kafka_wire import record_batch
 
-    c = Cluster(tmp_path, extra={"replica.lag.time.max.ms": LAG_MS},
-                hosts={1: netns.host, 2: netns.host, 3: netns.inside}, netns={3: netns.name})  # fmt: skip
+    c = cut_off_able(netns, tmp_path)
     try:
         started(c)
         topic = "probe"

@@ -1158,17 +1158,21 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_offset_written_later_wins_whatever_order_the_writes_are_confirmed_in() {
-        let mut g = Group {
-            partition: 0,
-            kind: GroupKind::Classic(ClassicGroup::new(0, 0)),
+    fn group(partition: i32, kind: GroupKind) -> Group {
+        Group {
+            partition,
+            kind,
             offsets: BTreeMap::new(),
             offsets_landed_at: HashMap::new(),
             pending_offsets: HashMap::new(),
             incarnation: 0,
             persisted: None,
-        };
+        }
+    }
+
+    #[test]
+    fn the_offset_written_later_wins_whatever_order_the_writes_are_confirmed_in() {
+        let mut g = group(0, GroupKind::Classic(ClassicGroup::new(0, 0)));
         let key = || ("t".to_string(), 0);
         // Landed at 20, confirmed first; the write that landed at 10 is confirmed after.
         g.apply_offsets(vec![(key(), Some(offset(2)))], 20);
@@ -1186,29 +1190,16 @@ mod tests {
         c.partitions.insert(3, true);
         c.partitions.insert(4, true);
         // A standalone consumer's offsets: expire by commit time.
-        let mut simple = Group {
-            partition: 3,
-            kind: GroupKind::Classic(ClassicGroup::new(0, 0)),
-            offsets: BTreeMap::new(),
-            offsets_landed_at: HashMap::new(),
-            pending_offsets: HashMap::new(),
-            incarnation: 0,
-            persisted: None,
-        };
+        let mut simple = group(3, GroupKind::Classic(ClassicGroup::new(0, 0)));
         simple.offsets.insert(("t".into(), 0), offset(1_000));
         simple.offsets.insert(("t".into(), 1), offset(5_000));
         c.groups.insert("simple".into(), simple);
         // An empty consumer group that emptied at 2_000: expire from then, whatever the
         // commit times.
-        let mut empty = Group {
-            partition: 4,
-            kind: GroupKind::Consumer(ConsumerGroup::new(3, "uniform", 2_000)),
-            offsets: BTreeMap::new(),
-            offsets_landed_at: HashMap::new(),
-            pending_offsets: HashMap::new(),
-            incarnation: 0,
-            persisted: None,
-        };
+        let mut empty = group(
+            4,
+            GroupKind::Consumer(ConsumerGroup::new(3, "uniform", 2_000)),
+        );
         empty.offsets.insert(("t".into(), 0), offset(0));
         c.groups.insert("empty".into(), empty);
 

@@ -620,17 +620,31 @@ impl Replica {
         }
         let m = self.raft.metrics();
         let m = m.borrow_watched();
+        m.state == openraft::ServerState::Leader
+            && m.running_state.is_ok()
+            && self.quorum_silent(&m).is_some_and(|d| d < READ_LEASE)
+    }
+
+    /// How long ago a majority last acknowledged this leader: by a heartbeat or append
+    /// (openraft's `last_quorum_acked`), or, for a quiet group, by answering its beats; both
+    /// count from when what they answered was sent (a heartbeat ack within `READ_LEASE` is
+    /// taken without looking further). None if no majority ever did this term.
+    fn quorum_silent(
+        &self,
+        m: &openraft::RaftMetrics<ferrolog_raft::PartitionRaft>,
+    ) -> Option<Duration> {
+        let acked = m.last_quorum_acked.as_ref().map(|t| t.elapsed());
+        // A busy group's heartbeats answer it; only a quiet one needs its beats looked up.
+        if acked.is_some_and(|d| d < READ_LEASE) {
+            return acked;
+        }
         // Followers needed besides this leader for a majority of the voters.
         let followers = m.membership_config.membership().voter_ids().count() / 2;
-        let acked = m
-            .last_quorum_acked
-            .as_ref()
-            .is_some_and(|t| t.elapsed() < READ_LEASE);
         let beaten = self
             .transport
             .followed_by(self.group, m.current_term, followers)
-            .is_some_and(|t| t.elapsed() < READ_LEASE);
-        m.state == openraft::ServerState::Leader && m.running_state.is_ok() && (acked || beaten)
+            .map(|t| t.elapsed());
+        acked.into_iter().chain(beaten).min()
     }
 
     /// Checks this replica may take produce requests now (it leads and has applied all of
@@ -1040,18 +1054,8 @@ impl Replica {
         if settling {
             return led.muted_at.is_some();
         }
-        let followers = m.membership_config.membership().voter_ids().count() / 2;
-        let acked = m.last_quorum_acked.as_ref().map(|t| t.elapsed());
-        let beaten = self
-            .transport
-            .followed_by(self.group, m.current_term, followers)
-            .map(|t| t.elapsed());
-        let silent = [acked, beaten]
-            .into_iter()
-            .flatten()
-            .chain([now.duration_since(led.since)])
-            .min()
-            .expect("not empty");
+        let led_for = now.duration_since(led.since);
+        let silent = self.quorum_silent(m).map_or(led_for, |d| d.min(led_for));
         match led.muted_at {
             Some(at) if now.duration_since(at) >= MUTED_FOR => {
                 tracing::info!(group = self.group.0, "a muted leader probes its followers");

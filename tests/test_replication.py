@@ -1024,6 +1024,23 @@ def test_cut_off_leader_stops_serving_reads(netns, tmp_path):
         c.kill()
 
 
+def write_at_one_of(c, nodes, topic, partition):
+    """Produces one record "after" (acks=all) to `partition` at each of `nodes` in turn;
+    the first node that takes it, or None."""
+    from kafka_wire import produce as produce_raw
+    from kafka_wire import record_batch
+
+    for node in nodes:
+        try:
+            with Connection(c.nodes[node].bootstrap, timeout_s=15) as conn:
+                answer = produce_raw(conn, {topic: {partition: record_batch([b"after"])}}, timeout_ms=5000)
+        except OSError:
+            continue  # no answer in time
+        if answer[(topic, partition)]["error_code"] == 0:
+            return node
+    return None
+
+
 def test_leader_whose_answers_are_lost_gives_way(netns, tmp_path):
     """Issue 17, defect h. Node 3 leads a partition, and every answer nodes 1 and 2 send to
     node 3's requests is lost (iptables in node 3's namespace drops their data packets from
@@ -1032,9 +1049,6 @@ def test_leader_whose_answers_are_lost_gives_way(netns, tmp_path):
     each other's votes for as long as it lasts. With check quorum, node 3 goes silent after
     6 s without a majority, and nodes 1 and 2 elect one of them, which takes writes; nothing
     acknowledged before is lost. Before the fix, no write was taken for the whole fault."""
-    from kafka_wire import produce as produce_raw
-    from kafka_wire import record_batch
-
     c = cut_off_able(netns, tmp_path)
     ports = ",".join(str(c.raft_ports[i] + shard) for i in (1, 2) for shard in range(2))
     # Data packets only: acknowledgements and connection set-up (SYN-ACK) still pass.
@@ -1053,19 +1067,8 @@ def test_leader_whose_answers_are_lost_gives_way(netns, tmp_path):
         iptables("-A", *rule)
         started_at = time.monotonic()
 
-        def written_elsewhere():
-            for node in (1, 2):
-                try:
-                    with Connection(c.nodes[node].bootstrap, timeout_s=15) as conn:
-                        answer = produce_raw(conn, {topic: {partition: record_batch([b"after"])}}, timeout_ms=5000)
-                except OSError:
-                    continue  # no answer in time
-                if answer[(topic, partition)]["error_code"] == 0:
-                    return node
-            time.sleep(0.5)
-            return None
-
-        taken = wait_until(written_elsewhere, "a write taken by node 1 or 2", timeout_s=45)
+        taken = wait_until(lambda: write_at_one_of(c, (1, 2), topic, partition), "a write taken by node 1 or 2",
+                           timeout_s=45, interval_s=0.5)  # fmt: skip
         took_s = time.monotonic() - started_at
         iptables("-D", *rule)
         wait_until(lambda: all_led(c, topic, 6), "node 3 back in every ISR", timeout_s=30)
@@ -1102,25 +1105,17 @@ def test_muted_leader_lets_a_lagging_follower_catch_up(netns, tmp_path):
             # At once, while the leader's lease is fresh: in the leader's log alone.
             alone = produce_raw(conn, {topic: {partition: record_batch([b"alone"])}}, acks=1)[(topic, partition)]
             assert alone["error_code"] == 0, alone
-        time.sleep(8)  # past the 6 s without a majority: the leader mutes
+        # The leader mutes every group it leads once no majority answered it for 6 s.
+        leads = sum(1 for p in partitions_v8(c, leader, topic).values() if p["leader"] == leader)
+        wait_until(lambda: c.nodes[leader].log_tail(1000).count("no majority acknowledged this leader") >= leads,
+                   "the leader muting its groups", timeout_s=20)  # fmt: skip
         # Node 3's connections die with the cut (else TCP would deliver the batch on heal).
         subprocess.run(["ip", "netns", "exec", netns.name, "ss", "-K", "state", "established"],
                        check=True, capture_output=True, timeout=10)  # fmt: skip
         netns.heal()
 
-        def written():
-            for node in (leader, 3):
-                try:
-                    with Connection(c.nodes[node].bootstrap, timeout_s=15) as conn:
-                        answer = produce_raw(conn, {topic: {partition: record_batch([b"after"])}}, timeout_ms=5000)
-                except OSError:
-                    continue
-                if answer[(topic, partition)]["error_code"] == 0:
-                    return node
-            time.sleep(0.5)
-            return None
-
-        wait_until(written, "the partition taking writes again", timeout_s=40)
+        wait_until(lambda: write_at_one_of(c, (leader, 3), topic, partition), "the partition taking writes again",
+                   timeout_s=40, interval_s=0.5)  # fmt: skip
         values = [v for _, v in read_partition(c.bootstrap(leader, 3), topic, partition)]
         assert "warm" in values and "after" in values, values
     finally:

@@ -25,6 +25,7 @@ with the command to run, rather than skipping it.
 """
 
 import os
+import random
 import resource
 import signal
 import socket
@@ -55,14 +56,15 @@ _GIVEN_PORTS = set()
 
 
 def free_port(span=1):
-    """A free port P on 127.0.0.1 with P+1 .. P+span-1 free too (a ferrolog node's shard s
+    """A free port P on 127.0.0.1, below the ephemeral range, with P+1 .. P+span-1 free too (a ferrolog node's shard s
     takes Raft traffic at its Raft port + s), none of them handed out before."""
+    # Below the kernel's ephemeral range, which other nodes' outgoing connections take from
+    # (a port free when chosen could be a connection's source port by the time it listens).
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = random.randrange(10000, low - span)
         ports = set(range(port, port + span))
-        if port + span <= 65536 and not ports & _GIVEN_PORTS and all(_bindable(p) for p in ports - {port}):
+        if not ports & _GIVEN_PORTS and all(_bindable(p) for p in ports):
             _GIVEN_PORTS.update(ports)
             return port
 

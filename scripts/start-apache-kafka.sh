@@ -4,7 +4,7 @@
 #
 # Usage: scripts/start-apache-kafka.sh PORT DATA_DIR [KEY=VALUE ...]
 #
-#   PORT       client listener, PLAINTEXT://127.0.0.1:PORT (also advertised).
+#   PORT       client listener, PLAINTEXT://$KAFKA_HOST:PORT (also advertised).
 #   DATA_DIR   created if missing. Holds server.properties (written on every
 #              start), log/ (log.dirs and the KRaft metadata log), tmp/ (the
 #              JVM's java.io.tmpdir), format.out, kafka.out (broker output,
@@ -16,6 +16,8 @@
 #   CONTROLLER_PORT  controller listener port. Default: the one recorded in
 #                    DATA_DIR/server.properties by an earlier start (the KRaft voter
 #                    set remembers it), else a free port picked now.
+#   KAFKA_HOST       the address both listeners bind and advertise (default 127.0.0.1),
+#                    e.g. a network namespace's own address.
 #   KAFKA_HEAP_OPTS  default "-Xms1g -Xmx1g" (as kafka-server-start.sh does).
 #   FOREGROUND=1     exec the JVM in the foreground after formatting: the caller
 #                    owns the process (its pid is this script's pid), captures
@@ -69,6 +71,7 @@ free_port() {
     python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
+host="${KAFKA_HOST:-127.0.0.1}"
 controller_port="${CONTROLLER_PORT:-}"
 if [[ -z "$controller_port" && -f "$props" ]]; then
     controller_port="$(sed -n 's/^controller\.quorum\.bootstrap\.servers=127\.0\.0\.1:\([0-9]*\)$/\1/p' "$props")"
@@ -88,8 +91,8 @@ voters="${KAFKA_VOTERS:-}"
     else
         echo "node.id=1"
     fi
-    echo "listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$controller_port"
-    echo "advertised.listeners=PLAINTEXT://127.0.0.1:$port"
+    echo "listeners=PLAINTEXT://$host:$port,CONTROLLER://$host:$controller_port"
+    echo "advertised.listeners=PLAINTEXT://$host:$port"
     echo "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
     echo "inter.broker.listener.name=PLAINTEXT"
     echo "controller.listener.names=CONTROLLER"
@@ -159,7 +162,7 @@ echo "$pid" >"$data_dir/kafka.pid"
 # Ready = answers ApiVersions v0 (api key 18) with our correlation id; a bound
 # port alone is not enough, as Kafka listens before it serves requests.
 answers_api_versions() {
-    exec 3<>"/dev/tcp/127.0.0.1/$port" || return 1
+    exec 3<>"/dev/tcp/$host/$port" || return 1
     printf '\x00\x00\x00\x0a\x00\x12\x00\x00\x00\x00\x00\x01\xff\xff' >&3
     local reply
     reply="$(timeout 2 head -c 8 <&3 | od -An -tx1 | tr -d ' \n')" || true

@@ -100,8 +100,10 @@ class Nemesis(threading.Thread):
         node.launch()
         try:
             node.wait_ready()
-        except RuntimeError as err:  # it died while starting: a crash, restarted by the watch
-            self.crashes.append((self.history.now(), node.id, str(err)))
+        except RuntimeError as err:
+            if node.exited() is None:  # still starting after READY_TIMEOUT_S: the run fails
+                raise
+            self.crashes.append((self.history.now(), node.id, f"start-up: {err}"))  # died starting
             node.proc = None
             node.launch()
             node.wait_ready()

@@ -143,13 +143,18 @@ def test_help_lists_the_options():
 
 
 def test_a_short_run_under_every_fault_finds_no_anomaly():
-    """The README's command, as written, from the repository root: 90 s of the queue workload
+    """The README's command, as written, from the repository root: 2 minutes of the queue workload
     on 3 ferrolog nodes (in network namespaces) under one round of every fault: kill, kill of a
     leader restarted at once, pause, restart, and full, one-way and bridge partitions."""
-    run = subprocess.run(
-        ["scripts/ferrolog-check", "--seconds", "90", "--seed", "7"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    # On a timeout, SIGTERM: the harness tears its cluster down and still writes its report.
+    proc = subprocess.Popen(["scripts/ferrolog-check", "--seconds", "120", "--seed", "7"],
+                            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        stdout, stderr = proc.communicate(timeout=900)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        stdout, stderr = proc.communicate(timeout=300)
+    run = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     found = re.search(r"report in (\S+)", run.stdout)
     if run.returncode == 2 or not found:
         pytest.fail(f"the run failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}")

@@ -125,7 +125,7 @@ def check(history, final, crashes=(), unrecovered=(), consumers_caught_up=True):
         last[key] = o
 
     if consumers_caught_up:
-        for consumer in sorted({r[0] for r in history.resumes}):
+        for consumer in sorted({r[0] for r in history.resumes} | {r[0] for r in history.polls}):
             for pname, _, seq, value, p, t_sent, t_done, offset, _ in sends:
                 if value not in polled[consumer] and value in where:
                     a.add("unseen", t_done, f"{value} at {p}/{offset} never polled by {consumer}")

@@ -96,8 +96,16 @@ class Network:
             run(*inside, "ip", "link", "set", "lo", "up")
 
     def teardown(self):
+        """Also kills what still runs inside the namespaces, such as the brokers of an earlier
+        run with this tag that was itself killed (`ip netns del` only removes the name)."""
         run("ip", "link", "del", f"{self.prefix}h", check=False)
         for n in self.nodes:
+            pids = run("ip", "netns", "pids", self.ns(n), check=False).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
             run("ip", "netns", "del", self.ns(n), check=False)
         run("ip", "netns", "del", self.switch, check=False)
 
@@ -115,7 +123,9 @@ class Network:
         """`receiver` drops the TCP segments from `sender` that carry data, and nothing else:
         connections still form and `sender`'s own data is still acknowledged, so `sender`
         hears `receiver` while `receiver` hears nothing from it. (Dropping every packet one
-        way would stall TCP both ways: a one-way cut has to keep the acknowledgements.)"""
+        way would stall TCP both ways: a one-way cut has to keep the acknowledgements.)
+        Acknowledgements with SACK blocks are longer than 52 bytes and dropped too, which only
+        slows the direction that still works."""
         if (receiver, sender) not in self.blocked:
             # 52 bytes: an IP header and a TCP header with timestamps, no payload.
             self.iptables(receiver, "-A", "INPUT", "-s", self.ip_of(sender), "-p", "tcp", "--tcp-flags", "SYN", "NONE",

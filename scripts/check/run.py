@@ -124,12 +124,18 @@ def main(argv=None):
         create_topic(cluster, args)
         run.go()
     finally:
-        run.stop()
-        cluster.teardown()
+        # A second Ctrl-C or SIGTERM must not cut the teardown short: the brokers run in
+        # sessions of their own and would outlive the harness.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            run.stop()
+        finally:
+            cluster.teardown()
         for n in cluster.nodes.values():
             if n.log_path.exists():
                 shutil.copy(n.log_path, out / f"node-{n.id}.log")
-        if args.keep or run.anomalies is None or run.anomalies.total():
+        if args.keep or run.anomalies is None or run.anomalies.total() or run.failures:
             print(f"ferrolog-check: data directories kept in {workdir}", flush=True)
         else:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -152,6 +158,7 @@ class Run:
         self.producers, self.consumers, self.nemesis = [], [], None
         self.anomalies = None
         self.failures = []  # of the harness itself
+        self.reported = set()  # threads whose failure is in `failures`
         self.unrecovered = []  # (t, what)
         self.final, self.highs, self.caught_up = None, {}, False  # final: None until read
 
@@ -185,8 +192,9 @@ class Run:
         try:
             self.nemesis.heal_all()
             wait_for("every partition led with a full ISR after healing", lambda: self.cluster.all_led(TOPIC, args.partitions), 180)
-        except RuntimeError as err:  # a node that does not start again, or no leaders
-            self.unrecovered.append((h.now(), f"after healing: {err}"))
+        except Exception as err:  # a node that does not start again, no leaders, a rule left
+            detail = getattr(err, "stderr", None) or ""
+            self.unrecovered.append((h.now(), f"after healing: {err!r} {detail}".strip()))
         self.stop_producing.set()
         for p in self.producers:
             p.join()
@@ -207,10 +215,12 @@ class Run:
     def broken(self):
         """Records, once, each client thread or nemesis failure; True if there is one."""
         for w in (*self.producers, *self.consumers):
-            if w.failure and f"{w.name}" not in " ".join(self.failures):
+            if w.failure and w.name not in self.reported:
+                self.reported.add(w.name)
                 self.failures.append(f"{w.name} failed: {w.failure.strip().splitlines()[-1]}")
                 print(w.failure, file=sys.stderr)
-        if self.nemesis is not None and self.nemesis.error is not None and "nemesis" not in " ".join(self.failures):
+        if self.nemesis is not None and self.nemesis.error is not None and "nemesis" not in self.reported:
+            self.reported.add("nemesis")
             self.failures.append(f"nemesis failed: {self.nemesis.error!r}")
         return bool(self.failures)
 
@@ -221,13 +231,16 @@ class Run:
         self.stop_consuming.set()
         if nem is not None:
             nem.stop.set()
-            if nem.is_alive():
-                nem.join(timeout=120)
-        for w in (*self.producers, *self.consumers):
-            w.join(timeout=90)
+        deadline = time.monotonic() + 240  # for every join together: a flush takes up to 60 s
+        for t in (nem, *self.producers, *self.consumers):
+            if t is not None and t.ident is not None:  # started
+                t.join(timeout=max(0, deadline - time.monotonic()))
         if nem is None:
             return
-        nem.notice_crashes()
+        if nem.is_alive():  # still in a restart: it owns the nodes, so nothing more is noticed
+            self.failures.append("the nemesis did not stop within 240 s")
+        else:
+            nem.notice_crashes()
         self.broken()
         if self.final is None:  # interrupted, or no final read: only what needs no log is checked
             self.failures.append("no final read of the log: records were not checked")

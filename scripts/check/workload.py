@@ -134,10 +134,22 @@ class ConsumerWorker(Worker):
     def on_assign(self, consumer, partitions):
         self.epoch += 1  # a new assignment may legitimately re-read from the committed offset
         t = self.history.now()
-        committed = consumer.committed(partitions, timeout=10)
+        for _ in range(6):  # the coordinator may be moving: a few tries, then librdkafka's own fetch
+            try:
+                committed = consumer.committed(partitions, timeout=5)
+                break
+            except KafkaException as err:
+                self.history.error(self.name, f"committed in on_assign: {err}")
+        else:  # start over: a new assignment may re-read, and nothing is claimed about commits
+            for tp in partitions:
+                tp.offset = OFFSET_BEGINNING
+            with self.history.lock:
+                self.history.resumes.append((self.name, self.epoch, t, {tp.partition: 0 for tp in partitions}, False))
+            consumer.assign(partitions)
+            return
         read = {tp.partition: (tp.offset if tp.offset >= 0 else -1) for tp in committed if tp.error is None}
         for tp in committed:
-            if tp.offset < 0:
+            if tp.error is None and tp.offset < 0:  # nothing committed (an error: librdkafka fetches)
                 tp.offset = OFFSET_BEGINNING
         with self.history.lock:
             self.history.resumes.append((self.name, self.epoch, t, read, True))

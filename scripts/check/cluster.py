@@ -14,6 +14,8 @@ own veth. `teardown` removes everything (deleting a namespace deletes its interf
 import fcntl
 import os
 import signal
+import socket
+import struct
 import subprocess
 import time
 from pathlib import Path
@@ -32,9 +34,6 @@ def run(*cmd, check=True):
 
 def answers_api_versions(host, port, timeout_s=2.0):
     """True when something on host:port answers ApiVersions v0 with our correlation id."""
-    import socket
-    import struct
-
     request = struct.pack(">hhih", 18, 0, 0x5E7A, -1)
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as s:
@@ -287,14 +286,22 @@ class Cluster:
         # Apache Kafka: every node formats its storage with the same cluster id.
         self.cluster_id = "ZmVycm9sb2ctY2hlY2stMQ"
         self.net = Network(self.node_ids)
+        self._admin = None
         self.nodes = {n: Node(n, self) for n in self.node_ids}
 
     def bootstrap(self):
         return ",".join(n.bootstrap for n in self.nodes.values())
 
+    def admin(self):
+        """One admin client for the whole run (librdkafka handles are thread-safe), rather
+        than a new one, with its own connections, for every metadata poll."""
+        if self._admin is None:
+            self._admin = AdminClient({"bootstrap.servers": self.bootstrap()})
+        return self._admin
+
     def all_led(self, topic, partitions):
         """Every partition of `topic` has a leader and every replica in its ISR."""
-        md = AdminClient({"bootstrap.servers": self.bootstrap()}).list_topics(topic, timeout=5)
+        md = self.admin().list_topics(topic, timeout=5)
         parts = md.topics[topic].partitions
         size = len(self.node_ids)
         return len(parts) == partitions and all(p.leader >= 0 and len(p.isrs) == size for p in parts.values())

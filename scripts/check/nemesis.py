@@ -23,7 +23,6 @@ import random
 import threading
 import time
 
-from confluent_kafka.admin import AdminClient
 
 KINDS = ("kill", "kill-leader", "pause", "restart", "partition", "partition-oneway", "partition-bridge")
 RECOVER_S = 60
@@ -174,7 +173,7 @@ class Nemesis(threading.Thread):
 
     def leader_of(self, partition):
         try:
-            md = AdminClient({"bootstrap.servers": self.cluster.bootstrap()}).list_topics(self.topic, timeout=5)
+            md = self.cluster.admin().list_topics(self.topic, timeout=5)
             return md.topics[self.topic].partitions[partition].leader
         except Exception:
             return None

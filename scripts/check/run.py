@@ -19,7 +19,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import NewTopic
 
 from check import checker, nemesis, report
 from check.cluster import REPO_ROOT, Cluster, raise_memlock
@@ -90,7 +90,7 @@ def wait_for(what, predicate, timeout_s):
 
 
 def create_topic(cluster, args):
-    admin = AdminClient({"bootstrap.servers": cluster.bootstrap()})
+    admin = cluster.admin()
     wait_for("every broker registered", lambda: len(admin.list_topics(timeout=5).brokers) == args.nodes, 120)
     topic = NewTopic(TOPIC, args.partitions, args.nodes, config={"min.insync.replicas": str(min(2, args.nodes))})
     admin.create_topics([topic])[TOPIC].result(timeout=60)

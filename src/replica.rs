@@ -106,24 +106,10 @@ pub fn group_id(topic_id: &Uuid, raft_number: Option<u32>, partition: i32) -> Gr
 }
 
 fn raft_config() -> Arc<openraft::Config> {
-    // A group ticks (heartbeats, election timer) only while it is busy or something changed;
-    // an idle group is quiescent, see `Replica::tend`. 500 ms heartbeats keep a failover
-    // of a busy partition within ~3-4 s.
-    let config = openraft::Config {
-        cluster_name: "ferrolog-partition".into(),
-        heartbeat_interval: 500,
-        election_timeout_min: 2000,
-        election_timeout_max: 3500,
-        // Retention takes snapshots and purges (`Replica::apply_retention`); openraft
-        // purges nothing on its own.
-        snapshot_policy: openraft::SnapshotPolicy::Never,
-        max_in_snapshot_log_to_keep: u64::MAX,
-        ..openraft::Config::default()
-    };
     // With Pre-Vote, a replica that missed its leader's beats (or restarted) does not bump
     // the term under a live leader: the transport refuses Pre-Votes while the group hears
-    // from its leader. No leader restore: see `group_config`.
-    ferrolog_raft::group_config(config)
+    // from its leader.
+    ferrolog_raft::partition_config()
 }
 
 /// How often the leader samples its log end for the ISR at most (see `Replica::end_sample`),

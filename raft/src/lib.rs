@@ -12,6 +12,8 @@
 //!   and its snapshots (the offset a purged log goes on at).
 //! - [`wire`] and [`network`]: Raft traffic between nodes, every group of a shard over one
 //!   connection per peer, with writes coalesced.
+//! - [`sim`]: a deterministic simulator of one partition group under network, disk and
+//!   process faults, seeded and shrinking (binary `ferrolog-sim`, `scripts/simulate.sh`).
 //!
 //! Choices forced by openraft, and what they mean for Kafka semantics:
 //! - Leader ids are openraft's "standard" ones (one leader per term), so an entry's id is
@@ -36,6 +38,7 @@
 pub mod entry;
 pub mod network;
 pub mod runtime;
+pub mod sim;
 pub mod state_machine;
 pub mod store;
 pub mod wire;
@@ -67,6 +70,24 @@ pub fn group_config(timing: openraft::Config) -> std::sync::Arc<openraft::Config
         ..timing
     };
     std::sync::Arc::new(config.validate().expect("a valid Raft config"))
+}
+
+/// The config of every partition group (the simulator runs groups with exactly this one).
+///
+/// A group ticks (heartbeats, election timer) only while it is busy or something changed; an
+/// idle group is quiescent (see `ferrolog::replica`). 500 ms heartbeats keep a failover of a
+/// busy partition within ~3-4 s. Retention takes snapshots and purges; openraft purges
+/// nothing on its own.
+pub fn partition_config() -> std::sync::Arc<openraft::Config> {
+    group_config(openraft::Config {
+        cluster_name: "ferrolog-partition".into(),
+        heartbeat_interval: 500,
+        election_timeout_min: 2000,
+        election_timeout_max: 3500,
+        snapshot_policy: openraft::SnapshotPolicy::Never,
+        max_in_snapshot_log_to_keep: u64::MAX,
+        ..openraft::Config::default()
+    })
 }
 
 /// The id of a leader once its entries are committed: the term alone (one leader per term).

@@ -1,0 +1,148 @@
+//! `ferrolog-sim`: runs the deterministic simulator (`ferrolog_raft::sim`) over seeds.
+//!
+//! ```text
+//! ferrolog-sim --seeds 100            # seeds first..first+100
+//! ferrolog-sim --minutes 30           # as many seeds as fit in 30 minutes
+//! ferrolog-sim --seed 42 [--keep 3,7] # replays one run (and its shrunk schedule)
+//! ```
+//! A failing seed is shrunk to the fewest faults that still fail and printed with the
+//! command that replays it; the exit status is 1 if any seed failed.
+
+use std::collections::BTreeSet;
+use std::process::ExitCode;
+use std::time::{Duration, Instant, SystemTime};
+
+use clap::Parser;
+use ferrolog_raft::sim::{command, describe, run, shrink, Options};
+
+#[derive(Parser)]
+#[command(about = "Deterministic simulation of a ferrolog partition's Raft group")]
+struct Args {
+    /// Replay this one seed.
+    #[arg(long, conflicts_with_all = ["seeds", "minutes"])]
+    seed: Option<u64>,
+    /// Run this many seeds.
+    #[arg(long)]
+    seeds: Option<u64>,
+    /// Run seeds for this many minutes.
+    #[arg(long)]
+    minutes: Option<u64>,
+    /// The first seed of `--seeds`/`--minutes` (default: from the clock, printed).
+    #[arg(long)]
+    first: Option<u64>,
+    /// Simulated seconds of faults per run.
+    #[arg(long, default_value_t = 60)]
+    seconds: u64,
+    /// Undo a fix, to see the simulator find its defect: `a` lets a restarted leader take
+    /// its term back.
+    #[arg(long)]
+    unfix: Option<String>,
+    /// With `--seed`: run only these events of its schedule (comma-separated indexes).
+    #[arg(long, requires = "seed")]
+    keep: Option<String>,
+    /// Report a failure without shrinking it.
+    #[arg(long)]
+    no_shrink: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let leader_restore = match args.unfix.as_deref() {
+        None => false,
+        Some("a") => true,
+        Some(other) => {
+            eprintln!("ferrolog-sim: unknown --unfix {other:?} (known: a)");
+            return ExitCode::from(2);
+        }
+    };
+    let keep = match args.keep.as_deref().map(parse_keep) {
+        Some(Err(e)) => {
+            eprintln!("ferrolog-sim: --keep: {e}");
+            return ExitCode::from(2);
+        }
+        Some(Ok(k)) => Some(k),
+        None => None,
+    };
+    let options = |seed| Options {
+        seconds: args.seconds,
+        leader_restore,
+        keep: keep.clone(),
+        ..Options::new(seed)
+    };
+    if let Some(seed) = args.seed {
+        let o = options(seed);
+        for line in describe(&o) {
+            println!("{line}");
+        }
+        return if check(&o, args.no_shrink) {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+    }
+    let first = args.first.unwrap_or_else(|| {
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(1, |d| d.as_secs())
+    });
+    let deadline = args
+        .minutes
+        .map(|m| Instant::now() + Duration::from_secs(m * 60));
+    let count = args
+        .seeds
+        .unwrap_or(if deadline.is_some() { u64::MAX } else { 10 });
+    println!("ferrolog-sim: seeds from {first}");
+    let (mut ran, mut failed) = (0u64, 0u64);
+    for seed in first..first.saturating_add(count) {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
+        ran += 1;
+        if !check(&options(seed), args.no_shrink) {
+            failed += 1;
+        }
+    }
+    println!("ferrolog-sim: {ran} seeds from {first}, {failed} failed");
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn parse_keep(list: &str) -> Result<BTreeSet<usize>, String> {
+    list.split(',')
+        .filter(|s| !s.is_empty())
+        .map(|s| s.trim().parse().map_err(|e| format!("{s:?}: {e}")))
+        .collect()
+}
+
+/// Runs one seed; on a failure prints it, shrunk unless told not to. True if it passed.
+fn check(o: &Options, no_shrink: bool) -> bool {
+    let started = Instant::now();
+    let outcome = run(o);
+    if outcome.violations.is_empty() {
+        println!(
+            "seed {}: ok, {} acks, {} faults, {:.1}s",
+            o.seed,
+            outcome.acked,
+            outcome.faults,
+            started.elapsed().as_secs_f64()
+        );
+        return true;
+    }
+    println!("seed {}: FAILED ({} faults)", o.seed, outcome.faults);
+    for v in &outcome.violations {
+        println!("  {v}");
+    }
+    let o = if no_shrink { o.clone() } else { shrink(o) };
+    let small = run(&o);
+    println!("  reproduce: {}", command(&o));
+    for line in describe(&o) {
+        println!("    {line}");
+    }
+    for v in &small.violations {
+        println!("    {v}");
+    }
+    false
+}

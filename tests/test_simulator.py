@@ -1,0 +1,37 @@
+"""The deterministic simulator (scripts/simulate.sh, ferrolog-sim): the README's command as
+written passes, and with fix a undone (a restarted leader takes its term back) it finds the
+defect, shrinks it, and prints a command that replays the failure."""
+
+import re
+import shlex
+import subprocess
+
+from support import REPO_ROOT
+from test_readme import readme_block
+
+
+def simulate(args, timeout=900):
+    return subprocess.run(args, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_readme_command_passes_its_seeds():
+    command = readme_block("Simulate it: ferrolog-sim", 0, "sh").strip()
+    run = simulate(shlex.split(command))
+    assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-3000:]
+    summary = re.search(r"(\d+) seeds from \d+, 0 failed", run.stdout)
+    assert summary and int(summary.group(1)) == 1000, run.stdout[-2000:]
+
+
+def test_undoing_fix_a_is_found_shrunk_and_replayed():
+    run = simulate(["scripts/simulate.sh", "--seeds", "5", "--first", "1", "--unfix", "a"])
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+    assert re.search(r"replicas differ|acknowledged \S+ at \S+ lost", run.stdout), run.stdout[-3000:]
+    reproduce = re.search(r"reproduce: ferrolog-sim (.*)", run.stdout)
+    assert reproduce, run.stdout[-3000:]
+    args = shlex.split(reproduce.group(1))
+    kept = args[args.index("--keep") + 1].split(",")
+    faults = int(re.search(r"FAILED \((\d+) faults\)", run.stdout).group(1))
+    assert len(kept) < faults, "shrinking dropped no fault"
+    replay = simulate(["scripts/simulate.sh", *args, "--no-shrink"])
+    assert replay.returncode == 1, replay.stdout[-3000:]
+    assert re.search(r"replicas differ|acknowledged \S+ at \S+ lost", replay.stdout), replay.stdout[-3000:]

@@ -10,6 +10,7 @@
 
 use std::collections::BTreeSet;
 use std::process::ExitCode;
+use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use clap::Parser;
@@ -40,13 +41,28 @@ struct Args {
     /// With `--seed`: run only these events of its schedule (comma-separated indexes).
     #[arg(long, requires = "seed")]
     keep: Option<String>,
+    /// Run a schedule of long deaf-leader faults only, each checked for the other two nodes
+    /// taking writes again (defect h of issue 17).
+    #[arg(long)]
+    deaf: bool,
     /// Report a failure without shrinking it.
     #[arg(long)]
     no_shrink: bool,
 }
 
+/// The run under way, for the panic hook: a panic (openraft's assertions, the store's) aborts
+/// the process, and the seed must not be lost with it.
+static RUNNING: Mutex<String> = Mutex::new(String::new());
+
 fn main() -> ExitCode {
     let args = Args::parse();
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default_hook(info);
+        if let Ok(cmd) = RUNNING.try_lock() {
+            eprintln!("ferrolog-sim: the run panicked; replay it with: {cmd}");
+        }
+    }));
     let leader_restore = match args.unfix.as_deref() {
         None => false,
         Some("a") => true,
@@ -67,6 +83,7 @@ fn main() -> ExitCode {
         seconds: args.seconds,
         leader_restore,
         keep: keep.clone(),
+        deaf: args.deaf,
         ..Options::new(seed)
     };
     if let Some(seed) = args.seed {
@@ -120,13 +137,15 @@ fn parse_keep(list: &str) -> Result<BTreeSet<usize>, String> {
 /// Runs one seed; on a failure prints it, shrunk unless told not to. True if it passed.
 fn check(o: &Options, no_shrink: bool) -> bool {
     let started = Instant::now();
+    *RUNNING.lock().expect("one thread") = command(o);
     let outcome = run(o);
     if outcome.violations.is_empty() {
         println!(
-            "seed {}: ok, {} acks, {} faults, {:.1}s",
+            "seed {}: ok, {} acks, {} faults, fingerprint {:016x}, {:.1}s",
             o.seed,
             outcome.acked,
             outcome.faults,
+            outcome.fingerprint,
             started.elapsed().as_secs_f64()
         );
         return true;

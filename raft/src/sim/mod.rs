@@ -15,14 +15,20 @@
 //! - replicas never differ: an index is applied with one log id and one record everywhere;
 //! - no record is applied at two indexes;
 //! - no node's applied index goes backwards;
-//! - every acknowledged record is, after the faults heal, at its acknowledged index on every
-//!   node;
-//! - the group recovers: once healed it takes writes again and every node catches up.
+//! - the group recovers: once healed it takes writes again and every node catches up;
+//! - then a power loss (every node loses what it had not synced, all restart): every
+//!   acknowledged record is still at its acknowledged log id on a majority, no node holds
+//!   another entry there, and the nodes converge again.
 //!
-//! A failing run is shrunk by dropping faults one at a time while it still fails, and printed
+//! A failing run is shrunk by dropping faults one at a time while it still fails the same way
+//! (a violation of the same [`kind`]), and printed
 //! with the `ferrolog-sim` command that replays it. What it does not cover yet: the broker's
-//! `Replica` (offsets, producer state), the real io/ log, the controller and the group
-//! coordinator.
+//! `Replica` (offsets, producer state, its check-quorum mute), the real io/ log, the
+//! controller and the group coordinator. So `Options::deaf` (a leader that hears nothing
+//! while its followers hear it) fails every seed: openraft alone stays unwritable, because the
+//! deaf leader's appends keep renewing its followers' lease (its own quorum-loss probing only
+//! stops heartbeats); the broker's fix, `Replica::check_quorum`, mutes the leader's transport,
+//! and is not simulated yet.
 
 pub mod net;
 pub mod runtime;
@@ -85,6 +91,8 @@ pub struct Checker {
     /// Where each record was first applied.
     placed: RefCell<BTreeMap<Record, u64>>,
     acked: RefCell<Vec<(Record, LogId)>>,
+    /// When each acknowledgement arrived.
+    ack_times: RefCell<Vec<SimInstant>>,
     violations: RefCell<Vec<String>>,
     /// A running hash of everything applied, in order: equal runs have equal fingerprints.
     fingerprint: Cell<u64>,
@@ -100,7 +108,9 @@ impl Checker {
     /// `node` applied `record` (none for Raft's own entries) at `log_id`.
     pub fn applied(&self, node: NodeId, log_id: LogId, record: Option<Record>) {
         let index = log_id.index;
+        let r = record.map_or(u64::MAX, |r| u64::from(r.client) << 32 | u64::from(r.seq));
         self.mix(node << 56 ^ index ^ log_id.leader_id.term << 40);
+        self.mix(r);
         let first = *self
             .applied
             .borrow_mut()
@@ -123,6 +133,8 @@ impl Checker {
 
     fn acked(&self, record: Record, log_id: LogId) {
         self.acked.borrow_mut().push((record, log_id));
+        let now = <SimInstant as openraft::async_runtime::Instant>::now();
+        self.ack_times.borrow_mut().push(now);
     }
 
     pub fn violation(&self, what: String) {
@@ -157,6 +169,13 @@ pub enum Fault {
     },
     /// Cut the two nodes other than `middle` from each other; `middle` hears both.
     Bridge { middle: NodeId, down: Duration },
+    /// Lose everything sent to a node (the leader at the time, if `leader`), while what it
+    /// sends still arrives: the two others stay connected, so they must elect one of them.
+    Deaf {
+        node: NodeId,
+        leader: bool,
+        down: Duration,
+    },
 }
 
 /// A fault and when it starts.
@@ -177,6 +196,9 @@ pub struct Options {
     pub leader_restore: bool,
     /// Only these events of the seed's schedule (by index), for shrinking.
     pub keep: Option<BTreeSet<usize>>,
+    /// A schedule of long deaf-leader faults only (defect h of issue 17), each checked for
+    /// the two connected nodes taking writes again.
+    pub deaf: bool,
 }
 
 impl Options {
@@ -186,6 +208,7 @@ impl Options {
             seconds: 60,
             leader_restore: false,
             keep: None,
+            deaf: false,
         }
     }
 }
@@ -213,7 +236,7 @@ fn millis(rng: &mut SmallRng, range: std::ops::Range<u64>) -> Duration {
 }
 
 /// Draws everything a run does not decide by itself from the seed.
-pub fn plan(seed: u64, seconds: u64) -> Plan {
+pub fn plan(seed: u64, seconds: u64, deaf: bool) -> Plan {
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x5eed_f00d);
     let weather = Weather {
         drop_ppm: rng.random_range(0..50_000),
@@ -232,7 +255,20 @@ pub fn plan(seed: u64, seconds: u64) -> Plan {
     let mut events = Vec::new();
     let mut at = millis(&mut rng, 500..3000);
     let end = Duration::from_secs(seconds);
-    while at < end {
+    while deaf && at < end {
+        let node = NODES[rng.random_range(0..NODES.len())];
+        let down = millis(&mut rng, 15_000..25_000);
+        events.push(Event {
+            at,
+            fault: Fault::Deaf {
+                node,
+                leader: rng.random_bool(0.8),
+                down,
+            },
+        });
+        at += down + millis(&mut rng, 5000..10_000);
+    }
+    while !deaf && at < end {
         let node = NODES[rng.random_range(0..NODES.len())];
         let other =
             NODES[(NODES.iter().position(|&n| n == node).unwrap() + rng.random_range(1..3)) % 3];
@@ -281,6 +317,13 @@ enum Action {
     },
     Pause(NodeId, bool),
     Cut(NodeId, NodeId, bool),
+    /// Deafens the node event `usize` picked, or lets it hear again.
+    Deaf {
+        node: NodeId,
+        leader: bool,
+        event: usize,
+        on: bool,
+    },
 }
 
 fn actions(events: &[Event]) -> Vec<(Duration, usize, Action)> {
@@ -324,6 +367,15 @@ fn actions(events: &[Event]) -> Vec<(Duration, usize, Action)> {
                     out.push((e.at + down, i, a));
                 }
             }
+            Fault::Deaf { node, leader, down } => {
+                let deaf = |on| Action::Deaf {
+                    node,
+                    leader,
+                    event: i,
+                    on,
+                };
+                both(down, deaf(true), deaf(false))
+            }
             Fault::OneWay { from, to, down } => both(
                 down,
                 Action::Cut(from, to, true),
@@ -344,7 +396,10 @@ struct World {
     flush_max: BTreeMap<NodeId, Duration>,
     /// Nodes down (crashed, not yet restarted).
     down: BTreeSet<NodeId>,
-    paused: BTreeSet<NodeId>,
+    /// Nodes stopped, with how many pause faults hold each.
+    paused: BTreeMap<NodeId, u32>,
+    /// The node each deaf fault picked, by event.
+    deafened: BTreeMap<usize, NodeId>,
     config: Rc<openraft::Config>,
     checker: Rc<Checker>,
 }
@@ -387,6 +442,10 @@ impl World {
         self.net.set_raft(node, None);
         self.sim.crash(node);
         self.disks[&node].borrow_mut().crash(keep);
+        // The process that comes back is not a stopped one.
+        if self.paused.remove(&node).is_some() {
+            self.sim.pause(node, false);
+        }
     }
 
     fn leader(&self) -> Option<NodeId> {
@@ -417,12 +476,37 @@ impl World {
                 }
             }
             Action::Pause(node, on) => {
-                if on {
-                    self.paused.insert(node);
-                } else {
+                // A node that is down (or came back since) is not paused; pauses overlap.
+                let count = self.paused.entry(node).or_default();
+                if on && !self.down.contains(&node) {
+                    *count += 1;
+                } else if !on && *count > 0 {
+                    *count -= 1;
+                }
+                if *count == 0 {
                     self.paused.remove(&node);
                 }
-                self.sim.pause(node, on);
+                self.sim.pause(node, self.paused.contains_key(&node));
+            }
+            Action::Deaf {
+                node,
+                leader,
+                event,
+                on,
+            } => {
+                let node = if !on {
+                    self.deafened.remove(&event).unwrap_or(node)
+                } else if leader {
+                    self.leader().unwrap_or(node)
+                } else {
+                    node
+                };
+                if on {
+                    self.deafened.insert(event, node);
+                }
+                for other in NODES.into_iter().filter(|&o| o != node) {
+                    self.apply(Action::Cut(other, node, on));
+                }
             }
             Action::Cut(a, b, on) => {
                 if on {
@@ -478,7 +562,7 @@ async fn client(
 
 /// Runs one simulation.
 pub fn run(options: &Options) -> Outcome {
-    let plan = plan(options.seed, options.seconds);
+    let plan = plan(options.seed, options.seconds, options.deaf);
     let events: Vec<Event> = plan
         .events
         .iter()
@@ -497,7 +581,8 @@ pub fn run(options: &Options) -> Outcome {
         disks: NODES.iter().map(|&n| (n, Rc::default())).collect(),
         flush_max: plan.flush_max,
         down: BTreeSet::new(),
-        paused: BTreeSet::new(),
+        paused: BTreeMap::new(),
+        deafened: BTreeMap::new(),
         config: Rc::new(config),
         checker: checker.clone(),
     };
@@ -543,7 +628,7 @@ pub fn run(options: &Options) -> Outcome {
 
     // Heal whatever is still broken, then the group must take writes and converge.
     world.net.heal_all();
-    for n in std::mem::take(&mut world.paused) {
+    for n in std::mem::take(&mut world.paused).into_keys() {
         world.sim.pause(n, false);
     }
     for n in world.down.clone() {
@@ -558,7 +643,19 @@ pub fn run(options: &Options) -> Outcome {
     }
     stop.set(true);
     world.sim.run_until(world.sim.now() + SETTLE);
-    final_checks(&world);
+    converged(&world, "after healing");
+    // Then a power loss: every node loses what it had not synced, and all restart. Whatever
+    // was acknowledged was durable on a majority, so it must survive.
+    for n in NODES {
+        world.crash(n, 0.0);
+    }
+    for n in NODES {
+        world.start(n);
+    }
+    world.sim.run_until(world.sim.now() + SETTLE);
+    converged(&world, "after a power loss");
+    acked_survived(&world);
+    writable_while_deaf(&world.checker, start, &events);
 
     let outcome = Outcome {
         violations: checker.violations.borrow().clone(),
@@ -570,9 +667,9 @@ pub fn run(options: &Options) -> Outcome {
     outcome
 }
 
-/// After the run: every acknowledged record is where it was acknowledged on every node, and
-/// every node applied as far as the others.
-fn final_checks(world: &World) {
+/// Every acknowledged record is at its acknowledged log id on a majority of the nodes' logs,
+/// and no node holds another entry there (a node merely behind is `converged`'s to report).
+fn acked_survived(world: &World) {
     let checker = &world.checker;
     let logs: BTreeMap<NodeId, Vec<(LogId, Option<Record>)>> = world
         .disks
@@ -580,15 +677,27 @@ fn final_checks(world: &World) {
         .map(|(&n, d)| (n, d.borrow().log()))
         .collect();
     for &(record, log_id) in checker.acked.borrow().iter() {
+        let mut holders = 0;
         for (node, log) in &logs {
-            let held = log.get(log_id.index as usize);
-            if held != Some(&(log_id, Some(record))) {
-                checker.violation(format!(
-                    "acknowledged {record} at {log_id} lost: node {node} holds {held:?} there"
-                ));
+            match log.get(log_id.index as usize) {
+                Some(held) if *held == (log_id, Some(record)) => holders += 1,
+                Some(other) => checker.violation(format!(
+                    "acknowledged {record} at {log_id} overwritten: node {node} holds {other:?}"
+                )),
+                None => {}
             }
         }
+        if holders <= NODES.len() / 2 {
+            checker.violation(format!(
+                "acknowledged {record} at {log_id} lost: only {holders} nodes hold it"
+            ));
+        }
     }
+}
+
+/// Every node applied as far as the others.
+fn converged(world: &World, when: &str) {
+    let checker = &world.checker;
     let applied: BTreeMap<NodeId, Option<u64>> = NODES
         .iter()
         .map(|&n| {
@@ -602,14 +711,53 @@ fn final_checks(world: &World) {
     let max = applied.values().max().copied().flatten();
     if applied.values().any(|a| *a != max) {
         checker.violation(format!(
-            "unrecovered: nodes applied up to {applied:?} after settling"
+            "unrecovered: nodes applied up to {applied:?} {when}"
         ));
     }
 }
 
-/// Shrinks a failing run: drops events one at a time while the run still fails.
+/// How long the two connected nodes of a deaf fault may take to take writes again: an
+/// election timeout or two, and a client's timeout.
+const DEAF_GRACE: Duration = Duration::from_secs(12);
+
+/// Every deaf fault: from `DEAF_GRACE` after it began until it ended, some write was
+/// acknowledged (the two nodes that hear each other are a majority).
+fn writable_while_deaf(checker: &Checker, start: SimInstant, events: &[Event]) {
+    let times = checker.ack_times.borrow();
+    for e in events {
+        let Fault::Deaf { down, .. } = e.fault else {
+            continue;
+        };
+        let (from, to) = (start + e.at + DEAF_GRACE, start + e.at + down);
+        if from < to && !times.iter().any(|&t| from < t && t <= to) {
+            checker.violation(format!(
+                "unwritable: no write acknowledged from {:?} to {:?}, while a node was deaf \
+                 and the other two heard each other",
+                from.since_start(),
+                to.since_start()
+            ));
+        }
+    }
+}
+
+/// The kind of a violation ("replicas", "lost", "unrecovered", ...), which shrinking keeps.
+pub fn kind(violation: &str) -> &str {
+    ["lost", "overwritten"]
+        .into_iter()
+        .find(|k| violation.contains(&format!(" {k}")))
+        .unwrap_or_else(|| violation.split([' ', ':']).next().unwrap_or(violation))
+}
+
+/// Shrinks a failing run: drops events one at a time while the run still fails the same way
+/// (a violation of the kind its first one was).
 pub fn shrink(options: &Options) -> Options {
-    let all = plan(options.seed, options.seconds).events.len();
+    let first = run(options).violations;
+    let Some(wanted) = first.first().map(|v| kind(v).to_string()) else {
+        return options.clone();
+    };
+    let all = plan(options.seed, options.seconds, options.deaf)
+        .events
+        .len();
     let mut keep: BTreeSet<usize> = options.keep.clone().unwrap_or_else(|| (0..all).collect());
     let mut changed = true;
     while changed {
@@ -621,7 +769,7 @@ pub fn shrink(options: &Options) -> Options {
                 keep: Some(fewer.clone()),
                 ..options.clone()
             };
-            if !run(&trial).violations.is_empty() {
+            if run(&trial).violations.iter().any(|v| kind(v) == wanted) {
                 keep = fewer;
                 changed = true;
             }
@@ -642,6 +790,9 @@ pub fn command(options: &Options) -> String {
     if options.leader_restore {
         cmd.push_str(" --unfix a");
     }
+    if options.deaf {
+        cmd.push_str(" --deaf");
+    }
     if let Some(keep) = &options.keep {
         let list: Vec<String> = keep.iter().map(|i| i.to_string()).collect();
         cmd.push_str(&format!(" --keep '{}'", list.join(",")));
@@ -651,7 +802,7 @@ pub fn command(options: &Options) -> String {
 
 /// The schedule of `options`, as readable lines.
 pub fn describe(options: &Options) -> Vec<String> {
-    let plan = plan(options.seed, options.seconds);
+    let plan = plan(options.seed, options.seconds, options.deaf);
     let mut lines = vec![format!(
         "weather {:?}, flush_max {:?}",
         plan.weather, plan.flush_max
@@ -717,7 +868,7 @@ mod tests {
         assert!(
             found
                 .iter()
-                .any(|v| v.contains("replicas differ") || v.contains("lost")),
+                .any(|v| ["replicas", "lost", "overwritten"].contains(&kind(v))),
             "{found:?}"
         );
     }

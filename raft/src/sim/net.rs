@@ -1,7 +1,8 @@
 //! The simulated network: every RPC is a message that may be dropped, delayed (so messages
 //! reorder), duplicated, or cut by a partition, each way separately. The handler runs as a
 //! task of the receiving node, so a crash or a pause of it stops the RPC as it would a real
-//! one; a request or reply that is lost leaves the caller waiting until its deadline.
+//! one; a request or reply that is lost leaves the caller waiting until its deadline, while a
+//! crashed peer fails it at once (a reset connection).
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -122,8 +123,15 @@ impl Net {
             // A duplicate arrives later than the original, as a retransmission would.
             let extra = if copy == 0 { Duration::ZERO } else { ttl / 2 };
             spawn_on(to, async move {
+                // A message lost on the way leaves the caller waiting to its deadline (the
+                // reply slot stays open that long); a crashed peer fails it at once, as a
+                // reset connection does.
+                let lost = |reply| async move {
+                    SimRuntime::sleep(ttl).await;
+                    drop(reply);
+                };
                 if !net.passes(from, to) {
-                    return;
+                    return lost(reply).await;
                 }
                 SimRuntime::sleep(net.delay() + extra).await;
                 let Some(raft) = net.raft(to) else { return };
@@ -131,7 +139,7 @@ impl Net {
                     return;
                 };
                 if !net.passes(to, from) {
-                    return;
+                    return lost(reply).await;
                 }
                 SimRuntime::sleep(net.delay()).await;
                 if let Some(tx) = reply {

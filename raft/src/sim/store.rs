@@ -36,7 +36,9 @@ type Meta = SnapshotMeta<crate::CommittedLeaderId, u64, openraft::BasicNode>;
 pub struct Disk {
     entries: Vec<(Entry, u64)>,
     durable: usize,
+    /// The vote as read, and as it would be after a crash (synced).
     vote: Option<Vote>,
+    vote_synced: Option<Vote>,
     writes: u64,
 }
 
@@ -47,6 +49,7 @@ impl Disk {
         let kept = self.durable + (tail as f64 * keep) as usize;
         self.entries.truncate(kept);
         self.durable = kept;
+        self.vote = self.vote_synced;
     }
 
     /// The log's entries as (log id, record), for the final comparison.
@@ -156,8 +159,10 @@ impl RaftLogStorage<SimRaft> for Store {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> io::Result<()> {
-        SimRuntime::sleep(Duration::from_micros(super::runtime::random_u64() % 500)).await;
+        // As the real store: readable at once, durable when this returns.
         self.disk.borrow_mut().vote = Some(*vote);
+        SimRuntime::sleep(Duration::from_micros(super::runtime::random_u64() % 500)).await;
+        self.disk.borrow_mut().vote_synced = Some(*vote);
         Ok(())
     }
 

@@ -69,15 +69,15 @@ impl Future for Sleep {
 }
 
 pin_project_lite::pin_project! {
-    /// `future`, unless `timer` fires first.
-    pub struct Timeout<F> {
+    /// `future`, unless `timer` fires first (on glommio's timers, or the simulator's).
+    pub struct Timeout<F, S = Sleep> {
         #[pin]
-        future: F,
-        timer: Sleep,
+        pub(crate) future: F,
+        pub(crate) timer: S,
     }
 }
 
-impl<F: Future> Future for Timeout<F> {
+impl<F: Future, S: Future<Output = ()> + Unpin> Future for Timeout<F, S> {
     type Output = Result<F::Output, Elapsed>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {

@@ -25,6 +25,9 @@ use rand::{RngExt, SeedableRng};
 
 use crate::runtime::{AsyncMutex, Cancelled, Channels, Elapsed};
 
+/// `future` unless a simulated deadline passes first.
+pub type Timeout<F> = crate::runtime::Timeout<F, Sleep>;
+
 /// A simulated node.
 pub type NodeId = u64;
 
@@ -354,26 +357,6 @@ impl Drop for Sleep {
                 }
             });
         }
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// `future`, unless its deadline passes first.
-    pub struct Timeout<F> {
-        #[pin]
-        future: F,
-        timer: Sleep,
-    }
-}
-
-impl<F: Future> Future for Timeout<F> {
-    type Output = Result<F::Output, Elapsed>;
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        if let Poll::Ready(out) = this.future.poll(cx) {
-            return Poll::Ready(Ok(out));
-        }
-        Pin::new(this.timer).poll(cx).map(|()| Err(Elapsed))
     }
 }
 

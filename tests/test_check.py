@@ -17,7 +17,7 @@ from support import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
 
-from check import checker, nemesis  # noqa: E402
+from check import batches, checker, nemesis  # noqa: E402
 from check.workload import History  # noqa: E402
 
 
@@ -69,6 +69,44 @@ def test_an_idempotent_duplicate_is_an_anomaly_and_others_are_counted_apart():
     anomalies, notes = checker.check(h, final)
     assert anomalies.counts["duplicated"] == 1
     assert notes["duplicates-without-idempotence"] == 1
+
+
+def test_a_duplicate_names_the_batches_that_hold_each_copy():
+    h, final = clean_history()
+    final[0][8] = "a.1-0"
+    anomalies, _ = checker.check(h, final, describe=lambda p, o: f"batch of {p}/{o}")
+    (example,) = anomalies.examples["duplicated"]
+    assert example["what"] == "a.1-0 at [(0, 0), (0, 8)]; at 0/0, batch of 0/0; at 0/8, batch of 0/8"
+
+
+def test_batch_headers_read_from_a_broker_show_producer_id_epoch_and_sequence(broker):
+    """What the report says of a duplicate comes from a bare Fetch: an idempotent
+    producer's batches carry its id, epoch 0 and consecutive sequences; a plain one's none."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient
+
+    idempotent = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True})
+    for value in (b"a", b"b", b"c"):
+        idempotent.produce("headers", value=value, partition=0)
+        assert idempotent.flush(30) == 0  # one batch each
+    idempotent.produce("headers", value=b"d", partition=0)
+    idempotent.produce("headers", value=b"e", partition=0)
+    assert idempotent.flush(30) == 0  # one batch of two, most likely
+    plain = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": False})
+    plain.produce("headers", value=b"f", partition=0)
+    assert plain.flush(30) == 0
+    host, port = broker.bootstrap.rsplit(":", 1)
+    found = [batches.batch_at(host, int(port), "headers", 0, o) for o in range(6)]
+    pid = found[0]["producer_id"]
+    assert pid >= 0
+    for o, h in enumerate(found[:5]):
+        assert h["producer_id"] == pid and h["producer_epoch"] == 0
+        assert h["base_offset"] <= o <= h["last_offset"]
+        assert h["base_sequence"] == h["base_offset"]  # sequences count from 0 with offsets
+    assert found[5]["producer_id"] == -1 and found[5]["base_offset"] == 5
+    assert batches.batch_at(host, int(port), "headers", 0, 6) is None  # the end of the log
+    describe = batches.describer(AdminClient({"bootstrap.servers": broker.bootstrap}), "headers")
+    assert describe(0, 1) == f"batch 1..1: producer id {pid}, epoch 0, sequence 1..1"
 
 
 def test_unpolled_records_are_unseen_only_when_the_consumers_caught_up():

@@ -54,10 +54,12 @@ class Anomalies:
         return sum(self.counts.values())
 
 
-def check(history, final, crashes=(), unrecovered=(), consumers_caught_up=True):
+def check(history, final, crashes=(), unrecovered=(), consumers_caught_up=True, describe=None):
     """`final`: {partition: {offset: value}}; `crashes`: [(t, node, exit status)];
-    `unrecovered`: [(t, what)]. Without a final log (None), only the checks that need none
-    run: commits, offset resets, crashes and recovery."""
+    `unrecovered`: [(t, what)]; `describe(partition, offset)`: what the report says of the
+    batches of a duplicated value it shows (their producer ids and sequences). Without a
+    final log (None), only the checks that need none run: commits, offset resets, crashes
+    and recovery."""
     a = Anomalies()
     if final is None:
         check_commits(history, a)
@@ -90,7 +92,10 @@ def check(history, final, crashes=(), unrecovered=(), consumers_caught_up=True):
     for v, places in where.items():
         if len(places) > 1:
             if v in idempotent:
-                a.add("duplicated", 0.0, f"{v} at {sorted(places)}")
+                what = f"{v} at {sorted(places)}"
+                if describe is not None and len(a.examples["duplicated"]) < EXAMPLES:
+                    what += "".join(f"; at {p}/{o}, {describe(p, o)}" for p, o in sorted(places))
+                a.add("duplicated", 0.0, what)
             else:
                 allowed_dups += 1
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from confluent_kafka.admin import NewTopic
 
-from check import checker, nemesis, report
+from check import batches, checker, nemesis, report
 from check.cluster import REPO_ROOT, Cluster, raise_memlock
 from check.workload import ConsumerWorker, History, ProducerWorker, read_everything
 
@@ -244,8 +244,9 @@ class Run:
         self.broken()
         if self.final is None:  # interrupted, or no final read: only what needs no log is checked
             self.failures.append("no final read of the log: records were not checked")
+        describe = batches.describer(self.cluster.admin(), TOPIC) if self.final is not None else None
         self.anomalies, notes = checker.check(h, self.final, nem.crashes, self.unrecovered + nem.unrecovered,
-                                              consumers_caught_up=self.caught_up)  # fmt: skip
+                                              consumers_caught_up=self.caught_up, describe=describe)  # fmt: skip
         args = self.args
         summary = {
             "target": args.target, "seed": args.seed, "seconds": h.now(), "nodes": args.nodes,

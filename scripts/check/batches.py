@@ -1,0 +1,118 @@
+"""The record-batch header that holds one offset, read with a bare Fetch v4 request.
+
+The clients hide a batch's producer id, epoch and base sequence; they tell who wrote a
+duplicated record twice: the same producer id and epoch means the broker took a retry for
+a new batch, another producer id (or epoch) that the client sent it again as a new
+producer session (librdkafka's epoch bump), where no broker can recognise it.
+"""
+
+import socket
+import struct
+
+FETCH, FETCH_VERSION = 1, 4
+# base offset, length, leader epoch, magic, crc, attributes, last offset delta, base and max
+# timestamp, producer id, producer epoch, base sequence, record count (KIP-98's v2 batch).
+BATCH_HEADER = struct.Struct(">qiibIhiqqqhii")
+MAX_BYTES = 1 << 20
+
+
+def _string(s):
+    b = s.encode()
+    return struct.pack(">h", len(b)) + b
+
+
+def _fetch_request(topic, partition, offset, correlation_id=0x6261):
+    header = struct.pack(">hhi", FETCH, FETCH_VERSION, correlation_id) + _string("ferrolog-check")
+    body = struct.pack(">iiiib", -1, 0, 0, MAX_BYTES, 0) + struct.pack(">i", 1) + _string(topic)
+    body += struct.pack(">iiqi", 1, partition, offset, MAX_BYTES)
+    request = header + body
+    return struct.pack(">i", len(request)) + request
+
+
+def _read_exactly(s, n):
+    data = bytearray()
+    while len(data) < n:
+        chunk = s.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("connection closed mid-response")
+        data += chunk
+    return bytes(data)
+
+
+class _Reader:
+    def __init__(self, data):
+        self.data, self.at = data, 0
+
+    def take(self, fmt):
+        values = struct.unpack_from(fmt, self.data, self.at)
+        self.at += struct.calcsize(fmt)
+        return values if len(values) > 1 else values[0]
+
+    def skip_string(self):
+        length = self.take(">h")
+        self.at += length
+
+
+def parse_fetch_records(response):
+    """The error code and the records bytes of the one partition of a Fetch v4 response
+    (the correlation id already read)."""
+    r = _Reader(response)
+    r.take(">i")  # throttle time
+    assert r.take(">i") == 1, "one topic asked"
+    r.skip_string()
+    assert r.take(">i") == 1, "one partition asked"
+    _, error, _, _ = r.take(">ihqq")
+    aborted = r.take(">i")
+    r.at += max(aborted, 0) * 16
+    size = r.take(">i")
+    return error, response[r.at : r.at + max(size, 0)]
+
+
+def headers(records):
+    """The batch headers of a records blob (a partial last batch is left out)."""
+    at = 0
+    while at + BATCH_HEADER.size <= len(records):
+        fields = BATCH_HEADER.unpack_from(records, at)
+        yield {
+            "base_offset": fields[0],
+            "last_offset": fields[0] + fields[6],
+            "producer_id": fields[9],
+            "producer_epoch": fields[10],
+            "base_sequence": fields[11],
+        }
+        at += 12 + fields[1]  # the length counts from after itself
+
+
+def batch_at(host, port, topic, partition, offset, timeout_s=10.0):
+    """The header of the batch holding `offset`, from the broker at host:port (the
+    partition's leader), or None if its answer holds none."""
+    with socket.create_connection((host, port), timeout=timeout_s) as s:
+        s.settimeout(timeout_s)
+        s.sendall(_fetch_request(topic, partition, offset))
+        size = struct.unpack(">i", _read_exactly(s, 4))[0]
+        response = _read_exactly(s, size)
+    error, records = parse_fetch_records(response[4:])
+    if error:
+        raise RuntimeError(f"Fetch of {topic}/{partition} at {offset}: error code {error}")
+    return next((h for h in headers(records) if h["base_offset"] <= offset <= h["last_offset"]), None)
+
+
+def describer(admin, topic):
+    """A function (partition, offset) -> "pid P epoch E seq S..T" for the anomaly report,
+    asking each partition's current leader; it says why when it cannot tell."""
+
+    def describe(partition, offset):
+        try:
+            md = admin.list_topics(topic, timeout=10)
+            leader = md.topics[topic].partitions[partition].leader
+            broker = md.brokers[leader]
+            h = batch_at(broker.host, broker.port, topic, partition, offset)
+            if h is None:
+                return "batch not found"
+            seq_end = h["base_sequence"] + h["last_offset"] - h["base_offset"]
+            return (f"batch {h['base_offset']}..{h['last_offset']}: producer id {h['producer_id']}, "
+                    f"epoch {h['producer_epoch']}, sequence {h['base_sequence']}..{seq_end}")  # fmt: skip
+        except Exception as err:  # a cluster in trouble: the anomaly stands without it
+            return f"batch unknown ({err})"
+
+    return describe

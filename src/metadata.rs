@@ -6,6 +6,7 @@
 //! and opens or drops the partitions it owns when a new image arrives. On a single node this is
 //! the whole controller; with replication it becomes Raft group 0 (DESIGN.md).
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
@@ -387,12 +388,16 @@ impl Controller {
 
 /// Producer ids handed out by this node: `node.id << 40` plus a counter, so nodes never
 /// collide without asking anyone. The counter is persisted a block ahead in
-/// `<log.dirs>/producer-ids`, so a restart skips at most one block and never reuses an id.
+/// `<log.dirs>/producer-ids`, and an id is handed out only once a limit past it is on disk
+/// (one caller at a time writes the next block's), so a restart skips at most one block and
+/// never hands out an id twice, even after a failed write.
 pub struct ProducerIds {
     path: PathBuf,
     base: i64,
-    next: i64,
-    limit: i64,
+    next: Cell<i64>,
+    /// The counter on disk: every id handed out is below it.
+    limit: Cell<i64>,
+    persisting: tokio::sync::Mutex<()>,
 }
 
 impl ProducerIds {
@@ -413,24 +418,31 @@ impl ProducerIds {
         Ok(ProducerIds {
             path,
             base: i64::from(node_id) << 40,
-            next,
-            limit: next,
+            next: Cell::new(next),
+            limit: Cell::new(next),
+            persisting: tokio::sync::Mutex::new(()),
         })
     }
 
-    /// The next id; with `Some((path, contents))` when the caller must persist first.
-    pub fn allocate(&mut self) -> (i64, Option<(PathBuf, Vec<u8>)>) {
-        let id = self.base + self.next;
-        self.next += 1;
-        assert!(self.next < 1 << 40, "producer ids of this node exhausted");
-        if self.next > self.limit {
-            self.limit = self.next + PRODUCER_ID_BLOCK;
-            return (
-                id,
-                Some((self.path.clone(), self.limit.to_string().into_bytes())),
-            );
+    /// The next id, once the limit past it is on disk (a storage error otherwise, and no id
+    /// is used up).
+    pub async fn allocate(&self) -> Result<i64, ferrolog_io::LogError> {
+        loop {
+            let next = self.next.get();
+            if next < self.limit.get() {
+                self.next.set(next + 1);
+                return Ok(self.base + next);
+            }
+            let _turn = self.persisting.lock().await;
+            // Another caller may have written the block while this one waited.
+            if self.next.get() < self.limit.get() {
+                continue;
+            }
+            let limit = self.next.get() + PRODUCER_ID_BLOCK;
+            assert!(limit < 1 << 40, "producer ids of this node exhausted");
+            ferrolog_io::write_file(&self.path, limit.to_string().into_bytes()).await?;
+            self.limit.set(limit);
         }
-        (id, None)
     }
 }
 
@@ -547,5 +559,59 @@ mod tests {
             assert!(s.0 < 3);
             assert_eq!(s, shard_for(&id, p, 3));
         }
+    }
+}
+
+#[cfg(test)]
+mod producer_id_tests {
+    use super::*;
+
+    fn on_disk(dir: &std::path::Path) -> Option<i64> {
+        std::fs::read_to_string(dir.join("producer-ids"))
+            .ok()
+            .map(|t| t.trim().parse().unwrap())
+    }
+
+    /// Issue 17 (found by reading): an id is handed out only below a limit already on disk.
+    /// A first allocation whose persist failed (or was still being written) raised the limit
+    /// in memory all the same, so the next caller got an id a restart hands out again: two
+    /// producers under one id, whose batches dedupe against each other.
+    #[test]
+    fn no_id_is_handed_out_past_the_persisted_limit() {
+        glommio::LocalExecutorBuilder::default()
+            .spawn(|| async {
+                let dir =
+                    std::env::temp_dir().join(format!("ferrolog-pids-{}", std::process::id()));
+                let _ = std::fs::remove_dir_all(&dir);
+                std::fs::create_dir_all(&dir).unwrap();
+                let ids = ProducerIds::load(&dir, 1, 0).unwrap();
+                // The write fails: no id, now or on the next try.
+                std::fs::remove_dir_all(&dir).unwrap();
+                assert!(ids.allocate().await.is_err());
+                assert!(ids.allocate().await.is_err());
+                std::fs::create_dir_all(&dir).unwrap();
+                // Callers at once, while the block is being written: each id is below the
+                // limit on disk when it is handed out, and none twice.
+                let allocations = (0..5).map(|_| async {
+                    let id = ids.allocate().await.unwrap();
+                    assert!(
+                        id - (1 << 40) < on_disk(&dir).unwrap(),
+                        "id {id} handed out past the disk's limit"
+                    );
+                    id
+                });
+                let got = futures::future::join_all(allocations).await;
+                assert_eq!(got, (0..5).map(|i| (1 << 40) + i).collect::<Vec<_>>());
+                // A restart skips the rest of the block.
+                let again = ProducerIds::load(&dir, 1, 0).unwrap();
+                assert_eq!(
+                    again.allocate().await.unwrap(),
+                    (1 << 40) + PRODUCER_ID_BLOCK
+                );
+                std::fs::remove_dir_all(&dir).unwrap();
+            })
+            .unwrap()
+            .join()
+            .unwrap();
     }
 }

@@ -77,7 +77,7 @@ pub struct Shard {
     /// it at once rather than at the next retention pass.
     log_start_asked: Rc<Notify>,
     /// This node's producer-id allocator; shard 0 only.
-    pub producer_ids: Option<RefCell<ProducerIds>>,
+    pub producer_ids: Option<ProducerIds>,
     /// Serialises controller changes (persist + publish) on shard 0.
     controller_lock: Semaphore,
     /// Serialises image installs: two concurrent ones would both open a new partition.
@@ -713,7 +713,7 @@ async fn shard_main(
         quorum: RefCell::new(None),
         raft_transport: ferrolog_raft::network::Transport::new(),
         log_start_asked: Rc::new(Notify::new()),
-        producer_ids: producer_ids.map(RefCell::new),
+        producer_ids,
         controller_lock: Semaphore::new(1),
         image_lock: Semaphore::new(1),
         fetch_sessions: RefCell::new(FetchSessions::new(id)),

@@ -25,13 +25,7 @@ pub async fn handle(ctx: Rc<RequestContext>, req: InitProducerIdRequest) -> Init
                     .producer_ids
                     .as_ref()
                     .expect("producer ids live on shard 0");
-                let (id, persist) = ids.borrow_mut().allocate();
-                if let Some((path, bytes)) = persist {
-                    ferrolog_io::write_file(&path, bytes)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                }
-                Ok::<i64, String>(id)
+                ids.allocate().await.map_err(|e| e.to_string())
             }
             .boxed_local()
         })

@@ -39,7 +39,6 @@ import shutil
 import signal
 import socket
 import statistics
-import struct
 import subprocess
 import sys
 import threading
@@ -50,6 +49,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 BENCH_BIN = Path(os.environ.get("FERROLOG_BENCH_BIN", REPO / "target/release/ferrolog-bench"))
 FERROLOG_BIN = Path(os.environ.get("FERROLOG_BIN", REPO / "target/release/ferrolog"))
+sys.path.insert(0, str(REPO / "scripts"))
+from check import wire  # noqa: E402  (bare Kafka requests, shared with ferrolog-check)
 KAFKA_LIB = REPO / ".cache/apache-kafka/lib"
 KAFKA_START = REPO / "scripts/start-apache-kafka.sh"
 KAFKA_LOG4J = REPO / "scripts/apache-kafka/log4j2.properties"
@@ -126,20 +127,8 @@ def free_port():
 
 
 def answers_api_versions(port, timeout_s=1.0):
-    """True when something on `port` answers ApiVersions v0 with our correlation id."""
-    request = struct.pack(">hhih", 18, 0, 0x5E7B, -1)
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as s:
-            s.sendall(struct.pack(">i", len(request)) + request)
-            head = b""
-            while len(head) < 8:
-                chunk = s.recv(8 - len(head))
-                if not chunk:
-                    return False
-                head += chunk
-            return struct.unpack(">ii", head)[1] == 0x5E7B
-    except OSError:
-        return False
+    """True when something on `port` answers ApiVersions v0 (scripts/check/wire.py)."""
+    return wire.answers_api_versions("127.0.0.1", port, timeout_s)
 
 
 def proc_cpu_s(pid):

@@ -29,14 +29,17 @@ import random
 import resource
 import signal
 import socket
-import struct
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from support import CACHE, REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "scripts"))
+from check import wire  # noqa: E402  (scripts/check/wire.py)
 
 TARGET = os.environ.get("FERROLOG_TARGET", "ferrolog")
 
@@ -79,24 +82,9 @@ def _bindable(port):
 
 
 def answers_api_versions(port, timeout_s=2.0, host="127.0.0.1"):
-    """True when something on `port` answers an ApiVersions v0 request.
-
-    A listening socket is not enough: Apache Kafka binds its port before it
-    serves requests, and the kernel completes connections into the backlog.
-    """
-    request = struct.pack(">hhih", 18, 0, 0x5E7A, -1)  # api key, version, correlation id, null client id
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s) as s:
-            s.sendall(struct.pack(">i", len(request)) + request)
-            head = b""
-            while len(head) < 8:
-                chunk = s.recv(8 - len(head))
-                if not chunk:
-                    return False
-                head += chunk
-            return struct.unpack(">ii", head)[1] == 0x5E7A
-    except OSError:
-        return False
+    """True when something on `port` answers an ApiVersions v0 request (a listening
+    socket is not enough: Apache Kafka binds its port before it serves requests)."""
+    return wire.answers_api_versions(host, port, timeout_s)
 
 
 def _raise_memlock():

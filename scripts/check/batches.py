@@ -6,8 +6,9 @@ a new batch, another producer id (or epoch) that the client sent it again as a n
 producer session (librdkafka's epoch bump), where no broker can recognise it.
 """
 
-import socket
 import struct
+
+from check import wire
 
 FETCH, FETCH_VERSION = 1, 4
 # base offset, length, leader epoch, magic, crc, attributes, last offset delta, base and max
@@ -16,27 +17,9 @@ BATCH_HEADER = struct.Struct(">qiibIhiqqqhii")
 MAX_BYTES = 1 << 20
 
 
-def _string(s):
-    b = s.encode()
-    return struct.pack(">h", len(b)) + b
-
-
-def _fetch_request(topic, partition, offset, correlation_id=0x6261):
-    header = struct.pack(">hhi", FETCH, FETCH_VERSION, correlation_id) + _string("ferrolog-check")
-    body = struct.pack(">iiiib", -1, 0, 0, MAX_BYTES, 0) + struct.pack(">i", 1) + _string(topic)
-    body += struct.pack(">iiqi", 1, partition, offset, MAX_BYTES)
-    request = header + body
-    return struct.pack(">i", len(request)) + request
-
-
-def _read_exactly(s, n):
-    data = bytearray()
-    while len(data) < n:
-        chunk = s.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("connection closed mid-response")
-        data += chunk
-    return bytes(data)
+def _fetch_body(topic, partition, offset):
+    body = struct.pack(">iiiib", -1, 0, 0, MAX_BYTES, 0) + struct.pack(">i", 1) + wire.string(topic)
+    return body + struct.pack(">iiqi", 1, partition, offset, MAX_BYTES)
 
 
 class _Reader:
@@ -86,12 +69,9 @@ def headers(records):
 def batch_at(host, port, topic, partition, offset, timeout_s=10.0):
     """The header of the batch holding `offset`, from the broker at host:port (the
     partition's leader), or None if its answer holds none."""
-    with socket.create_connection((host, port), timeout=timeout_s) as s:
-        s.settimeout(timeout_s)
-        s.sendall(_fetch_request(topic, partition, offset))
-        size = struct.unpack(">i", _read_exactly(s, 4))[0]
-        response = _read_exactly(s, size)
-    error, records = parse_fetch_records(response[4:])
+    response = wire.exchange(host, port, FETCH, FETCH_VERSION, _fetch_body(topic, partition, offset), timeout_s,
+                             client_id="ferrolog-check")  # fmt: skip
+    error, records = parse_fetch_records(response)
     if error:
         raise RuntimeError(f"Fetch of {topic}/{partition} at {offset}: error code {error}")
     return next((h for h in headers(records) if h["base_offset"] <= offset <= h["last_offset"]), None)

@@ -14,13 +14,13 @@ own veth. `teardown` removes everything (deleting a namespace deletes its interf
 import fcntl
 import os
 import signal
-import socket
-import struct
 import subprocess
 import time
 from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
+
+from check.wire import answers_api_versions
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 KAFKA_PORT = 9092
@@ -30,24 +30,6 @@ READY_TIMEOUT_S = 180
 
 def run(*cmd, check=True):
     return subprocess.run(cmd, check=check, capture_output=True, text=True, timeout=30)
-
-
-def answers_api_versions(host, port, timeout_s=2.0):
-    """True when something on host:port answers ApiVersions v0 with our correlation id."""
-    request = struct.pack(">hhih", 18, 0, 0x5E7A, -1)
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s) as s:
-            s.settimeout(timeout_s)
-            s.sendall(struct.pack(">i", len(request)) + request)
-            head = b""
-            while len(head) < 8:
-                chunk = s.recv(8 - len(head))
-                if not chunk:
-                    return False
-                head += chunk
-            return struct.unpack(">ii", head)[1] == 0x5E7A
-    except OSError:
-        return False
 
 
 class Network:

@@ -71,12 +71,29 @@ def test_an_idempotent_duplicate_is_an_anomaly_and_others_are_counted_apart():
     assert notes["duplicates-without-idempotence"] == 1
 
 
-def test_a_duplicate_names_the_batches_that_hold_each_copy():
+def header(pid, epoch, seq, offset):
+    return {"base_offset": offset, "last_offset": offset, "producer_id": pid, "producer_epoch": epoch, "base_sequence": seq}
+
+
+def test_a_duplicate_names_its_batches_and_one_resent_under_a_new_epoch_is_no_anomaly():
+    """The same producer id and epoch twice: the broker took a retry anew (an anomaly). The
+    same id under a bumped epoch: the client sent it again as new (counted apart)."""
     h, final = clean_history()
     final[0][8] = "a.1-0"
-    anomalies, _ = checker.check(h, final, describe=lambda p, o: f"batch of {p}/{o}")
+    same = {(0, 0): header(7, 0, 0, 0), (0, 8): header(7, 0, 0, 8)}
+    anomalies, notes = checker.check(h, final, batch_of=lambda p, o: same[(p, o)])
     (example,) = anomalies.examples["duplicated"]
-    assert example["what"] == "a.1-0 at [(0, 0), (0, 8)]; at 0/0, batch of 0/0; at 0/8, batch of 0/8"
+    assert example["what"] == ("a.1-0 at [(0, 0), (0, 8)]; at 0/0, batch 0..0: producer id 7, epoch 0, sequence 0..0; "
+                               "at 0/8, batch 8..8: producer id 7, epoch 0, sequence 0..0")  # fmt: skip
+    assert notes["duplicates-after-epoch-bump"] == 0
+    bumped = {(0, 0): header(7, 0, 0, 0), (0, 8): header(7, 1, 0, 8)}
+    anomalies, notes = checker.check(h, final, batch_of=lambda p, o: bumped[(p, o)])
+    assert anomalies.counts["duplicated"] == 0 and notes["duplicates-after-epoch-bump"] == 1
+    assert "epoch 1" in notes["epoch-bump-examples"][0]
+    # Not known, or another producer id: an anomaly.
+    for unknown in ("connection refused", header(8, 1, 0, 8)):
+        anomalies, _ = checker.check(h, final, batch_of=lambda p, o: bumped[(p, o)] if o == 0 else unknown)
+        assert anomalies.counts["duplicated"] == 1
 
 
 def test_batch_headers_read_from_a_broker_show_producer_id_epoch_and_sequence(broker):
@@ -105,8 +122,9 @@ def test_batch_headers_read_from_a_broker_show_producer_id_epoch_and_sequence(br
         assert h["base_sequence"] == h["base_offset"]  # sequences count from 0 with offsets
     assert found[5]["producer_id"] == -1 and found[5]["base_offset"] == 5
     assert batches.batch_at(host, int(port), "headers", 0, 6) is None  # the end of the log
-    describe = batches.describer(AdminClient({"bootstrap.servers": broker.bootstrap}), "headers")
-    assert describe(0, 1) == f"batch 1..1: producer id {pid}, epoch 0, sequence 1..1"
+    batch_of = batches.reader(AdminClient({"bootstrap.servers": broker.bootstrap}), "headers")
+    assert batch_of(0, 1) == found[1]
+    assert batch_of(0, 6) == "not found"
 
 
 def test_unpolled_records_are_unseen_only_when_the_consumers_caught_up():

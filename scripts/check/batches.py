@@ -77,22 +77,16 @@ def batch_at(host, port, topic, partition, offset, timeout_s=10.0):
     return next((h for h in headers(records) if h["base_offset"] <= offset <= h["last_offset"]), None)
 
 
-def describer(admin, topic):
-    """A function (partition, offset) -> "pid P epoch E seq S..T" for the anomaly report,
-    asking each partition's current leader; it says why when it cannot tell."""
+def reader(admin, topic):
+    """A function (partition, offset) -> the header of the batch there, asking each
+    partition's current leader, or a string saying why it cannot tell."""
 
-    def describe(partition, offset):
+    def batch_of(partition, offset):
         try:
             md = admin.list_topics(topic, timeout=10)
-            leader = md.topics[topic].partitions[partition].leader
-            broker = md.brokers[leader]
-            h = batch_at(broker.host, broker.port, topic, partition, offset)
-            if h is None:
-                return "batch not found"
-            seq_end = h["base_sequence"] + h["last_offset"] - h["base_offset"]
-            return (f"batch {h['base_offset']}..{h['last_offset']}: producer id {h['producer_id']}, "
-                    f"epoch {h['producer_epoch']}, sequence {h['base_sequence']}..{seq_end}")  # fmt: skip
+            broker = md.brokers[md.topics[topic].partitions[partition].leader]
+            return batch_at(broker.host, broker.port, topic, partition, offset) or "not found"
         except Exception as err:  # a cluster in trouble: the anomaly stands without it
-            return f"batch unknown ({err})"
+            return str(err)
 
-    return describe
+    return batch_of

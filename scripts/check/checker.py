@@ -6,8 +6,12 @@ Each anomaly kind counts cases and keeps a few examples:
   that is not in it (the log lost a record that was acknowledged or shown).
 - inconsistent-offsets: an acknowledged or polled value at an offset where the final log
   holds another value or nothing, or two values acknowledged at one offset.
-- duplicated: a value at two offsets of the final log, from an idempotent producer (for
-  the others, retries make duplicates legitimate; they are counted apart, not anomalies).
+- duplicated: a value at two offsets of the final log, from an idempotent producer, in
+  batches of one producer id and epoch (or not known). For the others, retries make
+  duplicates legitimate; and where the copies carry one producer id under different epochs,
+  the client sent the record again after bumping its epoch, which no broker can recognise
+  (librdkafka does so after a message timeout, with records possibly written:
+  confluentinc/librdkafka#4953). Both are counted apart, not anomalies.
 - unseen: an acknowledged value that a consumer never polled, although it read up to the
   final high watermark (each consumer reads every partition, so each is checked alone).
 - nonmonotonic-send: an idempotent producer's acknowledged offsets on one partition that go
@@ -54,17 +58,18 @@ class Anomalies:
         return sum(self.counts.values())
 
 
-def check(history, final, crashes=(), unrecovered=(), consumers_caught_up=True, describe=None):
+def check(history, final, crashes=(), unrecovered=(), consumers_caught_up=True, batch_of=None):
     """`final`: {partition: {offset: value}}; `crashes`: [(t, node, exit status)];
-    `unrecovered`: [(t, what)]; `describe(partition, offset)`: what the report says of the
-    batches of a duplicated value it shows (their producer ids and sequences). Without a
-    final log (None), only the checks that need none run: commits, offset resets, crashes
-    and recovery."""
+    `unrecovered`: [(t, what)]; `batch_of(partition, offset)`: the header of the batch there
+    (`batches.batch_at`), or a string saying why it is not known, for the duplicates of
+    idempotent producers. Without a final log (None), only the checks that need none run:
+    commits, offset resets, crashes and recovery."""
     a = Anomalies()
     if final is None:
         check_commits(history, a)
         add_events(history, a, crashes, unrecovered)
-        return a, {"duplicates-without-idempotence": 0, "indeterminate": 0, "indeterminate-found-in-log": 0}
+        return a, {"duplicates-without-idempotence": 0, "duplicates-after-epoch-bump": 0, "epoch-bump-examples": [],
+                   "indeterminate": 0, "indeterminate-found-in-log": 0}  # fmt: skip
     where = defaultdict(list)  # value -> [(partition, offset)] in the final log
     for p, log in final.items():
         for o, v in log.items():
@@ -88,14 +93,17 @@ def check(history, final, crashes=(), unrecovered=(), consumers_caught_up=True, 
             a.add("inconsistent-offsets", t_done,
                   f"{value} acknowledged at {p}/{offset}, final log has {held!r} there and {value} at {where[value]}")  # fmt: skip
 
-    allowed_dups = 0
-    for v, places in where.items():
+    allowed_dups, bumped = 0, []
+    for v, places in sorted(where.items()):
         if len(places) > 1:
             if v in idempotent:
-                what = f"{v} at {sorted(places)}"
-                if describe is not None and len(a.examples["duplicated"]) < EXAMPLES:
-                    what += "".join(f"; at {p}/{o}, {describe(p, o)}" for p, o in sorted(places))
-                a.add("duplicated", 0.0, what)
+                copies = [batch_of(p, o) for p, o in sorted(places)] if batch_of is not None else []
+                what = f"{v} at {sorted(places)}" + "".join(
+                    f"; at {p}/{o}, {describe_batch(b)}" for (p, o), b in zip(sorted(places), copies))
+                if epoch_bumped(copies):
+                    bumped.append(what)
+                else:
+                    a.add("duplicated", 0.0, what)
             else:
                 allowed_dups += 1
 
@@ -140,9 +148,27 @@ def check(history, final, crashes=(), unrecovered=(), consumers_caught_up=True, 
     indeterminate = {s[3] for s in history.sends if s[7] is None}
     return a, {
         "duplicates-without-idempotence": allowed_dups,
+        "duplicates-after-epoch-bump": len(bumped),
+        "epoch-bump-examples": bumped[:EXAMPLES],
         "indeterminate": len(indeterminate),
         "indeterminate-found-in-log": len(indeterminate & where.keys()),
     }
+
+
+def describe_batch(b):
+    if not isinstance(b, dict):
+        return f"batch unknown ({b})"
+    seq_end = b["base_sequence"] + b["last_offset"] - b["base_offset"]
+    return (f"batch {b['base_offset']}..{b['last_offset']}: producer id {b['producer_id']}, "
+            f"epoch {b['producer_epoch']}, sequence {b['base_sequence']}..{seq_end}")  # fmt: skip
+
+
+def epoch_bumped(copies):
+    """The copies of one record came from one producer id, each under another epoch."""
+    if len(copies) < 2 or not all(isinstance(b, dict) for b in copies):
+        return False
+    return len({b["producer_id"] for b in copies}) == 1 and copies[0]["producer_id"] >= 0 and \
+        len({b["producer_epoch"] for b in copies}) == len(copies)
 
 
 def add_events(history, a, crashes, unrecovered):

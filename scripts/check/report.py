@@ -98,6 +98,7 @@ def write(out, run, history, faults, anomalies, notes):
         f"| polls | {run['polls']} |", f"| final log records | {run['final_records']} |",
         f"| commits acknowledged / read back / assignments resumed | {run['commits']} / {run['committed_reads']} / {run['resumes']} |",
         f"| duplicates from producers without idempotence (allowed) | {notes['duplicates-without-idempotence']} |",
+        f"| duplicates resent by a client under a bumped epoch (allowed; librdkafka#4953) | {notes['duplicates-after-epoch-bump']} |",
         f"| client errors reported | {len(history.client_errors)} |",
         "",
         f"Consumers caught up with the final high watermarks: **{'yes' if run['consumers_caught_up'] else 'no: unseen was not checked'}**.",
@@ -110,6 +111,9 @@ def write(out, run, history, faults, anomalies, notes):
     for kind, examples in anomalies.examples.items():
         if examples:
             lines += [f"### {kind}", "", *[f"- {e['t']:.1f} s: {e['what']}" for e in examples], ""]
+    if notes["epoch-bump-examples"]:
+        lines += ["### duplicates resent under a bumped epoch (not anomalies)", "",
+                  *[f"- {what}" for what in notes["epoch-bump-examples"]], ""]  # fmt: skip
     lines += [
         "## Faults", "",
         ", ".join(f"{k} ×{v}" for k, v in sorted(by_kind.items())) or "none", "",

@@ -244,9 +244,9 @@ class Run:
         self.broken()
         if self.final is None:  # interrupted, or no final read: only what needs no log is checked
             self.failures.append("no final read of the log: records were not checked")
-        describe = batches.describer(self.cluster.admin(), TOPIC) if self.final is not None else None
+        batch_of = batches.reader(self.cluster.admin(), TOPIC) if self.final is not None else None
         self.anomalies, notes = checker.check(h, self.final, nem.crashes, self.unrecovered + nem.unrecovered,
-                                              consumers_caught_up=self.caught_up, describe=describe)  # fmt: skip
+                                              consumers_caught_up=self.caught_up, batch_of=batch_of)  # fmt: skip
         args = self.args
         summary = {
             "target": args.target, "seed": args.seed, "seconds": h.now(), "nodes": args.nodes,

@@ -41,6 +41,8 @@ command -v python3 >/dev/null || apt_packages+=(python3)
 command -v ip >/dev/null || apt_packages+=(iproute2)
 # iptables inside a test's own namespace, for the one-way partition test.
 command -v iptables >/dev/null || apt_packages+=(iptables)
+# mkfs.ext4 and e2fsck for ferrolog-check's disks (and the disk-full test).
+command -v mkfs.ext4 >/dev/null && command -v e2fsck >/dev/null || apt_packages+=(e2fsprogs)
 if ! python3 -m pip --version >/dev/null 2>&1; then
     apt_packages+=(python3-pip)
 fi

@@ -1,4 +1,5 @@
-"""The cluster under check: N broker processes, each in its own network namespace.
+"""The cluster under check: N broker processes, each in its own network namespace and, when
+disk faults are on, with its data on a file system of its own (`Disk`).
 
 Every node gets a namespace with one veth into a switch namespace that holds a bridge; the
 host (where the clients run) joins the same bridge through one more veth. So all nodes and
@@ -121,6 +122,71 @@ class Network:
         self.blocked.clear()
 
 
+class Disk:
+    """A node's data on an ext4 file system of its own (a sparse image on a loop device,
+    mounted with errors=remount-ro), which the nemesis can break:
+
+    - `fail`: ext4's trigger_fs_error, the kernel's own path for a failed disk: it aborts
+      the journal and turns the file system read-only, so every later write and fsync of
+      the broker fails (EROFS), and nothing after the last fsync reaches the disk;
+    - `fill`: a ballast file takes all free space (ENOSPC).
+
+    `repair` (the broker stopped first) unmounts it, has e2fsck replay the journal and clear
+    the error, and mounts it again without the ballast."""
+
+    SIZE = 8 << 30
+
+    def __init__(self, image, mountpoint):
+        self.image, self.mountpoint = image, mountpoint
+        self.ballast = mountpoint / "ballast"
+        self.broken = False
+
+    def create(self):
+        with open(self.image, "wb") as f:
+            f.truncate(self.SIZE)
+        run("mkfs.ext4", "-q", "-F", "-m", "0", str(self.image))  # no blocks kept for root
+        self.mountpoint.mkdir(parents=True, exist_ok=True)
+        self.mount()
+
+    def mount(self):
+        run("mount", "-o", "loop,errors=remount-ro", str(self.image), str(self.mountpoint))
+
+    def device(self):
+        """The loop device's name (loopN), as /sys/fs/ext4 knows it."""
+        return Path(run("findmnt", "-n", "-o", "SOURCE", str(self.mountpoint)).stdout.strip()).name
+
+    def fail(self):
+        self.broken = True
+        Path(f"/sys/fs/ext4/{self.device()}/trigger_fs_error").write_text("ferrolog-check: disk-error fault\n")
+
+    def fill(self):
+        self.broken = True
+        st = os.statvfs(self.mountpoint)
+        run("fallocate", "-l", str(st.f_bfree * st.f_frsize), str(self.ballast), check=False)
+
+    def repair(self):
+        run("umount", str(self.mountpoint))
+        # Every broker's `ip netns exec` has its own copy of the mounts; the unmount reaches
+        # them through the shared mount the cluster put below (`Cluster.start`). Until the
+        # loop device is let go, the file system is still mounted somewhere: no e2fsck then.
+        deadline = time.monotonic() + 10
+        while run("losetup", "-j", str(self.image)).stdout.strip():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.image} is still in use after its unmount")
+            time.sleep(0.1)
+        # 0: clean, 1: errors corrected; more is a file system e2fsck could not mend.
+        fsck = subprocess.run(["e2fsck", "-f", "-y", str(self.image)], capture_output=True, text=True, timeout=300)
+        if fsck.returncode > 1:
+            raise RuntimeError(f"e2fsck {self.image}: exit {fsck.returncode}: {fsck.stdout[-500:]}")
+        self.mount()
+        self.ballast.unlink(missing_ok=True)
+        self.broken = False
+
+    def unmount(self):
+        """At the end: what it holds stays in the image (mount -o loop IMAGE DIR to look)."""
+        run("umount", str(self.mountpoint), check=False)
+
+
 class Node:
     """One broker process: ferrolog, or Apache Kafka through scripts/start-apache-kafka.sh."""
 
@@ -130,6 +196,13 @@ class Node:
         self.dir = cluster.workdir / f"node-{node_id}"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.dir / "broker.log"
+        # The data directory is a folder of the disk's root, which holds lost+found (Apache
+        # Kafka refuses a log directory with a folder that is not a partition's).
+        self.disk = Disk(cluster.workdir / f"node-{node_id}.img", self.dir / "disk") if cluster.disks else None
+        self.data = (self.dir / "disk" if cluster.disks else self.dir) / "data"
+        # A broker may stop by itself while its disk is broken (Apache Kafka halts when its
+        # only log directory fails): the nemesis sets this for the fault's length.
+        self.may_exit = False
         self.host = cluster.net.ip_of(node_id)
         self.bootstrap = f"{self.host}:{KAFKA_PORT}"
         self.proc = None
@@ -147,7 +220,7 @@ class Node:
                 "controller.quorum.voters": voters,
                 "listeners": listener,
                 "advertised.listeners": listener,
-                "log.dirs": self.dir / "data",
+                "log.dirs": self.data,
                 **c.configs,
             }
             for k, v in configs.items():
@@ -159,7 +232,7 @@ class Node:
             "KAFKA_VOTERS": voters, "KAFKA_NODE_ID": str(self.id), "KAFKA_CLUSTER_ID": c.cluster_id,
         }  # fmt: skip
         extra = [f"{k}={v}" for k, v in c.configs.items()]
-        return ["bash", str(script), str(KAFKA_PORT), str(self.dir / "data"), *extra], env
+        return ["bash", str(script), str(KAFKA_PORT), str(self.data), *extra], env
 
     def launch(self):
         assert self.proc is None, f"node {self.id} already running"
@@ -258,8 +331,9 @@ def claim_tag():
 
 
 class Cluster:
-    def __init__(self, target, workdir, size=3, binary=None, cores=2, configs=None):
+    def __init__(self, target, workdir, size=3, binary=None, cores=2, configs=None, disks=False):
         self.target = target
+        self.disks = disks
         self.workdir = Path(workdir)
         self.node_ids = list(range(1, size + 1))
         self.binary = binary
@@ -290,6 +364,13 @@ class Cluster:
 
     def start(self):
         self.net.create()
+        if self.disks:
+            # A shared mount over the work directory: the disks mounted below it propagate
+            # (and so do their unmounts) into the copies `ip netns exec` makes for brokers.
+            run("mount", "--bind", str(self.workdir), str(self.workdir))
+            run("mount", "--make-rshared", str(self.workdir))
+            for n in self.nodes.values():
+                n.disk.create()
         for n in self.nodes.values():  # all at once: each waits for a controller quorum
             n.launch()
         for n in self.nodes.values():
@@ -301,4 +382,8 @@ class Cluster:
                 n.kill9()
             except subprocess.TimeoutExpired:
                 pass
+            if n.disk is not None:
+                n.disk.unmount()
+        if self.disks:
+            run("umount", str(self.workdir), check=False)
         self.net.teardown()

@@ -14,9 +14,16 @@ has had each of them.
   is dropped; TCP acknowledgements pass); they still hear it.
 - partition-bridge: two groups of nodes that do not hear each other, and one node that
   hears and is heard by both.
+- disk-error: a node's file system fails as after a disk error (ext4 aborts its journal
+  and turns read-only: every later write and fsync fails, nothing unsynced reaches the
+  disk); when the fault ends the node is killed, its file system checked and mounted
+  again, and the node started.
+- disk-full: a node's file system has no free space left (ENOSPC); then the same repair.
 
-Disk faults are not among them: this machine has no device-mapper (dm-flakey / dm-error),
-and ferrolog has no fault-injecting I/O layer yet.
+A broker may stop by itself on a broken disk (Apache Kafka halts when its only log directory
+fails): during a disk fault that is no crash, unless it is a panic (exit status 101) or a
+signal. Machines without device-mapper (dm-flakey, dm-error) or the kernel's fault injection
+get no slow or flaky disks, only these.
 """
 
 import random
@@ -24,7 +31,10 @@ import threading
 import time
 
 
-KINDS = ("kill", "kill-leader", "pause", "restart", "partition", "partition-oneway", "partition-bridge")
+KINDS = ("kill", "kill-leader", "pause", "restart", "partition", "partition-oneway", "partition-bridge",
+         "disk-error", "disk-full")  # fmt: skip
+DISK_KINDS = ("disk-error", "disk-full")
+PANIC_EXIT = 101  # a Rust panic's exit status
 RECOVER_S = 60
 
 
@@ -38,6 +48,7 @@ class Nemesis(threading.Thread):
         self.stop = threading.Event()
         self.faults = []  # {"kind", "nodes", "t0", "t1"}
         self.crashes = []  # (t, node, exit status)
+        self.exits = []  # (t, node, exit status): stopped by itself on a broken disk
         self.unrecovered = []  # (t, what): the cluster did not come back within RECOVER_S
         self.error = None
         self.round = []
@@ -87,9 +98,14 @@ class Nemesis(threading.Thread):
     def notice_crashes(self):
         for n in self.cluster.nodes.values():
             status = n.exited()
-            if status is not None:
-                self.crashes.append((self.history.now(), n.id, status))
-                n.proc = None
+            if status is None:
+                continue
+            n.proc = None
+            if n.may_exit and status != PANIC_EXIT and status >= 0:  # stopped on its broken disk
+                self.exits.append((self.history.now(), n.id, status))
+                continue
+            self.crashes.append((self.history.now(), n.id, status))
+            if not n.may_exit:
                 n.launch()
 
     def pick(self):
@@ -171,6 +187,27 @@ class Nemesis(threading.Thread):
                 self.cluster.net.block(y, x)
         return self.cluster.net.heal
 
+    def start_disk_error(self, fault):
+        return self.break_disk(fault, lambda disk: disk.fail())
+
+    def start_disk_full(self, fault):
+        return self.break_disk(fault, lambda disk: disk.fill())
+
+    def break_disk(self, fault, how):
+        node = self.cluster.nodes[self.pick()]
+        fault["nodes"] = [node.id]
+        node.may_exit = True
+        how(node.disk)
+        return lambda: self.repair_disk(node)
+
+    def repair_disk(self, node):
+        """Kills the node (it may run on with failed logs), mends its disk and starts it."""
+        self.notice_crashes()  # an exit during the fault, judged before the kill
+        node.kill9()
+        node.disk.repair()
+        node.may_exit = False
+        self.restart_node(node)
+
     def leader_of(self, partition):
         try:
             md = self.cluster.admin().list_topics(self.topic, timeout=5)
@@ -184,6 +221,8 @@ class Nemesis(threading.Thread):
         for n in self.cluster.nodes.values():
             if n.paused:
                 n.resume()
+            if n.disk is not None and n.disk.broken:  # a fault its undo did not end
+                self.repair_disk(n)
         self.notice_crashes()
         for n in self.cluster.nodes.values():
             if n.proc is None:

@@ -99,6 +99,7 @@ def write(out, run, history, faults, anomalies, notes):
         f"| commits acknowledged / read back / assignments resumed | {run['commits']} / {run['committed_reads']} / {run['resumes']} |",
         f"| duplicates from producers without idempotence (allowed) | {notes['duplicates-without-idempotence']} |",
         f"| duplicates resent by a client under a bumped epoch (allowed; librdkafka#4953) | {notes['duplicates-after-epoch-bump']} |",
+        f"| brokers that stopped by themselves on a broken disk (allowed) | {len(run['disk_exits'])} |",
         f"| client errors reported | {len(history.client_errors)} |",
         "",
         f"Consumers caught up with the final high watermarks: **{'yes' if run['consumers_caught_up'] else 'no: unseen was not checked'}**.",

@@ -114,7 +114,8 @@ def main(argv=None):
         return 2
     binary = ferrolog_binary(args) if args.target == "ferrolog" else None
     workdir = Path(tempfile.mkdtemp(prefix="ferrolog-check-"))
-    cluster = Cluster(args.target, workdir, size=args.nodes, binary=binary, cores=args.cores, configs=configs)
+    disks = any(k in nemesis.DISK_KINDS for k in args.faults)
+    cluster = Cluster(args.target, workdir, size=args.nodes, binary=binary, cores=args.cores, configs=configs, disks=disks)
     cluster.partitions = args.partitions
     print(f"ferrolog-check: {args.target}, {args.nodes} nodes, {args.seconds:.0f} s, faults {args.faults or 'none'}, "
           f"seed {args.seed}; report in {out}", flush=True)  # fmt: skip
@@ -256,7 +257,7 @@ class Run:
             "final_records": sum(len(v) for v in (self.final or {}).values()), "commits": len(h.commits),
             "committed_reads": len(h.committed_reads), "resumes": len(h.resumes),
             "consumers_caught_up": self.caught_up, "unflushed": sum(p.unflushed for p in self.producers),
-            "run_failures": self.failures,
+            "run_failures": self.failures, "disk_exits": [list(e) for e in nem.exits],
         }  # fmt: skip
         report.write(self.out, summary, h, nem.faults, self.anomalies, notes)
         with gzip.open(self.out / "history.jsonl.gz", "wt") as f:

@@ -87,13 +87,22 @@ def test_a_duplicate_names_its_batches_and_one_resent_under_a_new_epoch_is_no_an
                                "at 0/8, batch 8..8: producer id 7, epoch 0, sequence 0..0")  # fmt: skip
     assert notes["duplicates-after-epoch-bump"] == 0
     bumped = {(0, 0): header(7, 0, 0, 0), (0, 8): header(7, 1, 0, 8)}
+    h.sends[0][7] = 8  # acknowledged at the resent copy
     anomalies, notes = checker.check(h, final, batch_of=lambda p, o: bumped[(p, o)])
     assert anomalies.counts["duplicated"] == 0 and notes["duplicates-after-epoch-bump"] == 1
     assert "epoch 1" in notes["epoch-bump-examples"][0]
-    # Not known, or another producer id: an anomaly.
-    for unknown in ("connection refused", header(8, 1, 0, 8)):
-        anomalies, _ = checker.check(h, final, batch_of=lambda p, o: bumped[(p, o)] if o == 0 else unknown)
+    # Not known, another producer id, or an older epoch after a newer one: an anomaly.
+    for second in ("connection refused", header(8, 1, 0, 8)):
+        anomalies, _ = checker.check(h, final, batch_of=lambda p, o: bumped[(p, o)] if o == 0 else second)
         assert anomalies.counts["duplicated"] == 1
+    backwards = {(0, 0): header(7, 1, 0, 0), (0, 8): header(7, 0, 0, 8)}
+    anomalies, _ = checker.check(h, final, batch_of=lambda p, o: backwards[(p, o)])
+    assert anomalies.counts["duplicated"] == 1
+    # The first copy acknowledged (a.1-0 at 0/0 in the history): the client gave up on
+    # nothing, so a second copy is the broker's doing.
+    assert checker.epoch_bumped([(0, 0), (0, 8)], [bumped[(0, 0)], bumped[(0, 8)]], (0, 0)) is False
+    assert checker.epoch_bumped([(0, 0), (0, 8)], [bumped[(0, 0)], bumped[(0, 8)]], (0, 8)) is True
+    assert checker.epoch_bumped([(0, 0), (1, 8)], [bumped[(0, 0)], bumped[(0, 8)]], None) is False
 
 
 def test_batch_headers_read_from_a_broker_show_producer_id_epoch_and_sequence(broker):

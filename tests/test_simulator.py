@@ -31,7 +31,7 @@ def test_the_readme_command_passes_its_seeds():
 
 
 def test_undoing_fix_a_is_found_shrunk_and_replayed():
-    run = simulate(["scripts/simulate.sh", "--seeds", "5", "--first", "1", "--unfix", "a"])
+    run = simulate(["scripts/simulate.sh", "--seeds", "20", "--first", "1", "--unfix", "a"])
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
     assert re.search(LOSS, run.stdout), run.stdout[-3000:]
     reproduce = re.search(r"reproduce: ferrolog-sim (.*)", run.stdout)

@@ -588,6 +588,11 @@ impl Transport {
         let Some(raft) = raft else {
             return Message::Failed(format!("no group {} on this node", group.0));
         };
+        // A core stopped by a storage error (it logged why) takes nothing until the node
+        // restarts: answer its peers here rather than have openraft log every message.
+        if let Err(fatal) = &raft.metrics().borrow_watched().running_state {
+            return Message::Failed(format!("group {} stopped on this node: {fatal}", group.0));
+        }
         match message {
             Message::Append(rpc) => match raft.append_entries(rpc).await {
                 Ok(reply) => {

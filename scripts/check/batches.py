@@ -7,6 +7,7 @@ producer session (librdkafka's epoch bump), where no broker can recognise it.
 """
 
 import struct
+import time
 
 from check import wire
 
@@ -77,16 +78,25 @@ def batch_at(host, port, topic, partition, offset, timeout_s=10.0):
     return next((h for h in headers(records) if h["base_offset"] <= offset <= h["last_offset"]), None)
 
 
-def reader(admin, topic):
+def reader(admin, topic, budget_s=120, tries=3):
     """A function (partition, offset) -> the header of the batch there, asking each
-    partition's current leader, or a string saying why it cannot tell."""
+    partition's current leader (again, with fresh metadata, after a failure), or a string
+    saying why it cannot tell. All lookups together get `budget_s`: a cluster in trouble
+    must not hold the report up; whatever is not looked up stays an anomaly."""
+    deadline = time.monotonic() + budget_s
 
     def batch_of(partition, offset):
-        try:
-            md = admin.list_topics(topic, timeout=10)
-            broker = md.brokers[md.topics[topic].partitions[partition].leader]
-            return batch_at(broker.host, broker.port, topic, partition, offset) or "not found"
-        except Exception as err:  # a cluster in trouble: the anomaly stands without it
-            return str(err)
+        error = "no time left to look it up"
+        for _ in range(tries):
+            if time.monotonic() > deadline:
+                break
+            try:
+                md = admin.list_topics(topic, timeout=5)
+                broker = md.brokers[md.topics[topic].partitions[partition].leader]
+                return batch_at(broker.host, broker.port, topic, partition, offset, timeout_s=5) or "not found"
+            except Exception as err:  # a leader moving, a node down: ask again
+                error = str(err)
+                time.sleep(0.5)
+        return error
 
     return batch_of

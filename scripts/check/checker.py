@@ -93,6 +93,7 @@ def check(history, final, crashes=(), unrecovered=(), consumers_caught_up=True, 
             a.add("inconsistent-offsets", t_done,
                   f"{value} acknowledged at {p}/{offset}, final log has {held!r} there and {value} at {where[value]}")  # fmt: skip
 
+    acked_at = {s[3]: (s[4], s[7]) for s in sends}  # value -> (partition, offset) acknowledged
     allowed_dups, bumped = 0, []
     for v, places in sorted(where.items()):
         if len(places) > 1:
@@ -100,7 +101,7 @@ def check(history, final, crashes=(), unrecovered=(), consumers_caught_up=True, 
                 copies = [batch_of(p, o) for p, o in sorted(places)] if batch_of is not None else []
                 what = f"{v} at {sorted(places)}" + "".join(
                     f"; at {p}/{o}, {describe_batch(b)}" for (p, o), b in zip(sorted(places), copies))
-                if epoch_bumped(copies):
+                if epoch_bumped(sorted(places), copies, acked_at.get(v)):
                     bumped.append(what)
                 else:
                     a.add("duplicated", 0.0, what)
@@ -163,12 +164,22 @@ def describe_batch(b):
             f"epoch {b['producer_epoch']}, sequence {b['base_sequence']}..{seq_end}")  # fmt: skip
 
 
-def epoch_bumped(copies):
-    """The copies of one record came from one producer id, each under another epoch."""
+def epoch_bumped(places, copies, acked):
+    """The copies of one record (`places`, in offset order, and their batches) are what a
+    client's resend under a bumped epoch leaves: one partition, one producer id, epochs
+    rising with the offset, and the acknowledgement (if any) at the last copy, the resent
+    one (the client never acknowledges the first, which it gave up on). An older epoch
+    after a newer one, another partition or producer, or an acknowledged first copy is the
+    broker's doing."""
     if len(copies) < 2 or not all(isinstance(b, dict) for b in copies):
         return False
-    return len({b["producer_id"] for b in copies}) == 1 and copies[0]["producer_id"] >= 0 and \
-        len({b["producer_epoch"] for b in copies}) == len(copies)
+    epochs = [b["producer_epoch"] for b in copies]
+    return (
+        len({p for p, _ in places}) == 1
+        and len({b["producer_id"] for b in copies}) == 1 and copies[0]["producer_id"] >= 0
+        and all(a < b for a, b in zip(epochs, epochs[1:]))
+        and acked in (None, places[-1])
+    )  # fmt: skip
 
 
 def add_events(history, a, crashes, unrecovered):

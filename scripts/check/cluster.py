@@ -128,7 +128,7 @@ class Disk:
 
     - `fail`: ext4's trigger_fs_error, the kernel's own path for a failed disk: it aborts
       the journal and turns the file system read-only, so every later write and fsync of
-      the broker fails (EROFS), and nothing after the last fsync reaches the disk;
+      the broker fails (EROFS), and nothing written after the abort reaches the disk;
     - `fill`: a ballast file takes all free space (ENOSPC).
 
     `repair` (the broker stopped first) unmounts it, has e2fsck replay the journal and clear
@@ -160,12 +160,15 @@ class Disk:
         Path(f"/sys/fs/ext4/{self.device()}/trigger_fs_error").write_text("ferrolog-check: disk-error fault\n")
 
     def fill(self):
+        """ferrolog writes on into the space it preallocated for its segments, so a full
+        disk shows first where it needs new space (a new segment, a small file)."""
         self.broken = True
         st = os.statvfs(self.mountpoint)
         run("fallocate", "-l", str(st.f_bfree * st.f_frsize), str(self.ballast), check=False)
 
     def repair(self):
-        run("umount", str(self.mountpoint))
+        if os.path.ismount(self.mountpoint):  # not if an earlier repair got that far
+            run("umount", str(self.mountpoint))
         # Every broker's `ip netns exec` has its own copy of the mounts; the unmount reaches
         # them through the shared mount the cluster put below (`Cluster.start`). Until the
         # loop device is let go, the file system is still mounted somewhere: no e2fsck then.
@@ -174,9 +177,10 @@ class Disk:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{self.image} is still in use after its unmount")
             time.sleep(0.1)
-        # 0: clean, 1: errors corrected; more is a file system e2fsck could not mend.
+        # Bits 1 and 2: errors corrected (a reboot advised); any other bit is a file system
+        # e2fsck could not mend, or its own failure.
         fsck = subprocess.run(["e2fsck", "-f", "-y", str(self.image)], capture_output=True, text=True, timeout=300)
-        if fsck.returncode > 1:
+        if fsck.returncode & ~3:
             raise RuntimeError(f"e2fsck {self.image}: exit {fsck.returncode}: {fsck.stdout[-500:]}")
         self.mount()
         self.ballast.unlink(missing_ok=True)
@@ -299,6 +303,16 @@ class Node:
     def resume(self):
         self.signal(signal.SIGCONT)
         self.paused = False
+
+    def storage_error_logged(self):
+        """Whether the tail of the node's log tells of a failed or full disk."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - (64 << 10)))
+                tail = f.read().decode(errors="replace")
+        except OSError:
+            return False
+        return any(s in tail for s in ("Read-only file system", "No space left on device", "KafkaStorageException"))
 
     def exited(self):
         """The exit status of a process that died by itself (not killed by the nemesis)."""

@@ -15,14 +15,14 @@ has had each of them.
 - partition-bridge: two groups of nodes that do not hear each other, and one node that
   hears and is heard by both.
 - disk-error: a node's file system fails as after a disk error (ext4 aborts its journal
-  and turns read-only: every later write and fsync fails, nothing unsynced reaches the
-  disk); when the fault ends the node is killed, its file system checked and mounted
+  and turns read-only: every later write and fsync fails, nothing written after the abort
+  reaches the disk); when the fault ends the node is killed, its file system checked and mounted
   again, and the node started.
 - disk-full: a node's file system has no free space left (ENOSPC); then the same repair.
 
 A broker may stop by itself on a broken disk (Apache Kafka halts when its only log directory
-fails): during a disk fault that is no crash, unless it is a panic (exit status 101) or a
-signal. Machines without device-mapper (dm-flakey, dm-error) or the kernel's fault injection
+fails): during a disk fault that is no crash if it exits with a status (not by a signal: a
+panic aborts) and its log tells of the storage error. Machines without device-mapper (dm-flakey, dm-error) or the kernel's fault injection
 get no slow or flaky disks, only these.
 """
 
@@ -34,7 +34,6 @@ import time
 KINDS = ("kill", "kill-leader", "pause", "restart", "partition", "partition-oneway", "partition-bridge",
          "disk-error", "disk-full")  # fmt: skip
 DISK_KINDS = ("disk-error", "disk-full")
-PANIC_EXIT = 101  # a Rust panic's exit status
 RECOVER_S = 60
 
 
@@ -101,7 +100,7 @@ class Nemesis(threading.Thread):
             if status is None:
                 continue
             n.proc = None
-            if n.may_exit and status != PANIC_EXIT and status >= 0:  # stopped on its broken disk
+            if n.may_exit and status >= 0 and n.storage_error_logged():  # stopped on its broken disk
                 self.exits.append((self.history.now(), n.id, status))
                 continue
             self.crashes.append((self.history.now(), n.id, status))

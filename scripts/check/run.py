@@ -136,7 +136,9 @@ def main(argv=None):
         for n in cluster.nodes.values():
             if n.log_path.exists():
                 shutil.copy(n.log_path, out / f"node-{n.id}.log")
-        if args.keep or run.anomalies is None or run.anomalies.total() or run.failures:
+        # A file system that would not unmount stays, with everything below it.
+        mounted = os.path.ismount(workdir) or any(n.disk and os.path.ismount(n.disk.mountpoint) for n in cluster.nodes.values())
+        if args.keep or mounted or run.anomalies is None or run.anomalies.total() or run.failures:
             print(f"ferrolog-check: data directories kept in {workdir}", flush=True)
         else:
             shutil.rmtree(workdir, ignore_errors=True)

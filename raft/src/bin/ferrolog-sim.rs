@@ -141,12 +141,13 @@ fn check(o: &Options, no_shrink: bool) -> bool {
     let outcome = run(o);
     if outcome.violations.is_empty() {
         println!(
-            "seed {}: ok, {} acks, {} faults, fingerprint {:016x}, {:.1}s",
+            "seed {}: ok, {} acks, {} faults, fingerprint {:016x}, {:.1}s; failed disks stopped {} Raft cores",
             o.seed,
             outcome.acked,
             outcome.faults,
             outcome.fingerprint,
-            started.elapsed().as_secs_f64()
+            started.elapsed().as_secs_f64(),
+            outcome.stopped_by_disk
         );
         return true;
     }

@@ -40,11 +40,32 @@ pub struct Disk {
     vote: Option<Vote>,
     vote_synced: Option<Vote>,
     writes: u64,
+    /// Failed (`fail`): every write, flush and vote errs until the node restarts.
+    failed: bool,
 }
 
 impl Disk {
     /// A crash: the durable prefix stays, and `keep` (0..=1) of the rest.
+    /// From now on the disk takes nothing: what is not durable yet never becomes so (the
+    /// flush in progress fails too), as after a disk error that aborts the file system.
+    pub fn fail(&mut self) {
+        self.failed = true;
+    }
+
+    pub fn failed(&self) -> bool {
+        self.failed
+    }
+
+    fn check(&self) -> io::Result<()> {
+        match self.failed {
+            true => Err(io::Error::other("the simulated disk failed")),
+            false => Ok(()),
+        }
+    }
+
+    /// A crash (the node restarts on a mended disk, if it had failed).
     pub fn crash(&mut self, keep: f64) {
+        self.failed = false;
         let tail = self.entries.len() - self.durable;
         let kept = self.durable + (tail as f64 * keep) as usize;
         self.entries.truncate(kept);
@@ -84,6 +105,11 @@ impl Store {
                 let nanos = super::runtime::random_u64() % (flush_max.as_nanos() as u64).max(1);
                 SimRuntime::sleep(Duration::from_nanos(nanos)).await;
                 let mut disk = d.borrow_mut();
+                if let Err(e) = disk.check() {
+                    drop(disk);
+                    done.io_completed(Err(e));
+                    continue;
+                }
                 while disk.durable < disk.entries.len() && disk.entries[disk.durable].1 <= write {
                     disk.durable += 1;
                 }
@@ -160,6 +186,7 @@ impl RaftLogStorage<SimRaft> for Store {
 
     async fn save_vote(&mut self, vote: &Vote) -> io::Result<()> {
         // As the real store: readable at once, durable when this returns.
+        self.disk.borrow().check()?;
         self.disk.borrow_mut().vote = Some(*vote);
         SimRuntime::sleep(Duration::from_micros(super::runtime::random_u64() % 500)).await;
         self.disk.borrow_mut().vote_synced = Some(*vote);
@@ -172,6 +199,7 @@ impl RaftLogStorage<SimRaft> for Store {
     {
         let write = {
             let mut disk = self.disk.borrow_mut();
+            disk.check()?;
             disk.writes += 1;
             let write = disk.writes;
             for e in entries {
@@ -192,6 +220,7 @@ impl RaftLogStorage<SimRaft> for Store {
     async fn truncate_after(&mut self, last: Option<LogId>) -> io::Result<()> {
         let keep = last.map_or(0, |l| l.index as usize + 1);
         let mut disk = self.disk.borrow_mut();
+        disk.check()?;
         disk.entries.truncate(keep);
         disk.durable = disk.durable.min(keep);
         Ok(())

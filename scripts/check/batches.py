@@ -53,7 +53,7 @@ def parse_fetch_records(response):
 
 
 def headers(records):
-    """The batch headers of a records blob (a partial last batch is left out)."""
+    """The batch headers of a records blob (one whose header is cut short is left out)."""
     at = 0
     while at + BATCH_HEADER.size <= len(records):
         fields = BATCH_HEADER.unpack_from(records, at)

@@ -25,6 +25,9 @@ pub struct BrokerConfig {
     pub advertised_port: u16,
     /// `log.dirs` (first entry) or `log.dir`.
     pub log_dir: PathBuf,
+    /// `metadata.log.dir`: where the controller's metadata log lives, when not in `log_dir`
+    /// (`metadata_dir`).
+    pub metadata_log_dir: Option<PathBuf>,
     /// `num.partitions`: partitions of an auto-created topic, and CreateTopics' default.
     pub num_partitions: i32,
     /// `default.replication.factor`.
@@ -532,6 +535,7 @@ impl Default for BrokerConfig {
             advertised_host: "127.0.0.1".into(),
             advertised_port: 9092,
             log_dir: PathBuf::from("ferrolog-data"),
+            metadata_log_dir: None,
             num_partitions: 1,
             default_replication_factor: 1,
             auto_create_topics: true,
@@ -615,6 +619,12 @@ fn parse_voters(value: &str, key: &str) -> anyhow::Result<BTreeMap<i32, SocketAd
 }
 
 impl BrokerConfig {
+    /// The directory of the controller's metadata log: `metadata.log.dir`, or by default
+    /// `log.dirs`' first entry, as in Kafka.
+    pub fn metadata_dir(&self) -> &std::path::Path {
+        self.metadata_log_dir.as_deref().unwrap_or(&self.log_dir)
+    }
+
     /// Applies settings in order; later ones win. Unknown keys are an error.
     pub fn apply(&mut self, settings: &[(String, String)]) -> anyhow::Result<()> {
         let mut advertised_set = false;
@@ -673,6 +683,12 @@ impl BrokerConfig {
                         bail!("{key} is empty");
                     }
                     self.log_dir = PathBuf::from(first);
+                }
+                "metadata.log.dir" => {
+                    if v.trim().is_empty() {
+                        bail!("{key} is empty");
+                    }
+                    self.metadata_log_dir = Some(PathBuf::from(v.trim()));
                 }
                 "num.partitions" => self.num_partitions = int(1, 1_000_000)? as i32,
                 "default.replication.factor" => {
@@ -915,6 +931,10 @@ mod tests {
         assert_eq!(c.listen_addr.port(), 19092);
         assert_eq!(c.advertised_port, 19092);
         assert_eq!(c.log_dir, PathBuf::from("/tmp/x"));
+        assert_eq!(c.metadata_dir(), std::path::Path::new("/tmp/x"));
+        c.apply(&[("metadata.log.dir".into(), "/tmp/m".into())])
+            .unwrap();
+        assert_eq!(c.metadata_dir(), std::path::Path::new("/tmp/m"));
         assert_eq!(c.topic_defaults["segment.bytes"], "1048576");
         let err = c.apply(&[("no.such.key".into(), "1".into())]).unwrap_err();
         assert!(err.to_string().contains("no.such.key"));

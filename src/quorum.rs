@@ -3,7 +3,7 @@
 //!
 //! Every node is a voter (`controller.quorum.voters`, KRaft's combined mode). Without that
 //! config a node is a one-voter quorum of itself with no Raft port, and nothing else changes.
-//! The log lives in `<log.dirs>/__cluster_metadata-0`; each entry is one record batch whose
+//! The log lives in `<metadata.log.dir>/__cluster_metadata-0` (by default in `log.dirs`); each entry is one record batch whose
 //! record holds the whole `ClusterState` after a change (metadata is small: topics, their
 //! replica assignments and configs, and the registered brokers).
 //!
@@ -53,7 +53,7 @@ use crate::types::{now_ms, ShardId};
 /// Group 0 is the controller; partition groups use other ids.
 pub const CONTROLLER_GROUP: GroupId = GroupId(0);
 /// Directory of the controller's log, under `log.dirs` (Kafka's name for it).
-const METADATA_DIR: &str = "__cluster_metadata-0";
+pub const METADATA_DIR: &str = "__cluster_metadata-0";
 /// Key of the one record in each metadata entry.
 const STATE_KEY: &[u8] = b"cluster-state";
 /// How often the controller loop looks at leadership, registration and liveness.
@@ -192,7 +192,7 @@ impl Quorum {
     pub async fn start(shard: &Rc<Shard>, transport: Rc<Transport>) -> anyhow::Result<Rc<Quorum>> {
         let config = &shard.config;
         let node_id = config.node_id;
-        let dir = config.log_dir.join(METADATA_DIR);
+        let dir = config.metadata_dir().join(METADATA_DIR);
         let log_config = LogConfig {
             segment_bytes: 64 << 20,
             preallocate_bytes: 1 << 20,
@@ -261,14 +261,18 @@ impl Quorum {
     }
 
     /// Why the controller can no longer run, if it cannot: its metadata log failed (a storage
-    /// error, with the file and the reason) or its Raft core stopped.
+    /// error, with the file and the reason) or its Raft core stopped other than by a clean
+    /// shutdown.
     pub fn failure(&self) -> Option<String> {
         if let Some(e) = self.log.failure() {
             return Some(format!("the controller's metadata log failed: {e}"));
         }
         let metrics = self.raft.metrics();
-        let stopped = metrics.borrow_watched().running_state.clone().err();
-        stopped.map(|e| format!("the controller quorum stopped: {e}"))
+        let state = metrics.borrow_watched().running_state.clone();
+        match state {
+            Err(openraft::error::Fatal::Stopped) | Ok(()) => None,
+            Err(e) => Some(format!("the controller quorum stopped: {e}")),
+        }
     }
 
     /// This node leads the quorum and has applied every entry of earlier terms.
@@ -521,6 +525,13 @@ async fn controller_loop(shard: Weak<Shard>, quorum: Rc<Quorum>) {
         let Some(shard) = shard.upgrade() else {
             return;
         };
+        if let Some(why) = quorum.failure() {
+            // Its metadata image can no longer follow the cluster: answering clients from it
+            // would send them to leaders long gone. Apache Kafka halts a broker whose metadata
+            // log directory failed; so does ferrolog, and its partitions move as after a crash.
+            tracing::error!("{why}: the node halts");
+            std::process::exit(1);
+        }
         let leader = quorum.leader();
         shard
             .cluster

@@ -510,21 +510,29 @@ impl Shard {
 
 /// Starts `cores` shards and serves until the process is killed. Blocks the calling thread.
 pub fn run(mut config: BrokerConfig, cores: usize) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&config.log_dir)
-        .map_err(|e| anyhow::anyhow!("cannot create log.dirs {}: {e}", config.log_dir.display()))?;
-    // Every path below is derived from this one, and glommio opens a directory relative to
-    // no directory at all (`openat(-1, ..)`), so a relative `log.dirs` (the default
-    // `ferrolog-data` among them) must never reach it: resolve it once, here.
-    config.log_dir = std::fs::canonicalize(&config.log_dir).map_err(|e| {
-        anyhow::anyhow!("cannot resolve log.dirs {}: {e}", config.log_dir.display())
-    })?;
-    // Once for every partition directory in it: one created just before a crash may not
-    // have had its entry synced yet (io syncs it when it creates one).
-    std::fs::File::open(&config.log_dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| anyhow::anyhow!("cannot sync log.dirs {}: {e}", config.log_dir.display()))?;
-    // Both held until the process exits (the kernel drops them with it).
+    config.log_dir = open_dir(&config.log_dir, "log.dirs")?;
+    // All held until the process exits (the kernel drops them with it).
     let _lock = lock_log_dir(&config.log_dir)?;
+    let _metadata_lock = match config.metadata_log_dir.take() {
+        Some(dir) => {
+            let dir = open_dir(&dir, "metadata.log.dir")?;
+            let misplaced = config.log_dir.join(crate::quorum::METADATA_DIR);
+            if dir != config.log_dir && misplaced.exists() {
+                anyhow::bail!(
+                    "{} holds this node's metadata log, but metadata.log.dir is {}: move it \
+                     there, or unset metadata.log.dir",
+                    misplaced.display(),
+                    dir.display()
+                );
+            }
+            let lock = (dir != config.log_dir)
+                .then(|| lock_log_dir(&dir))
+                .transpose()?;
+            config.metadata_log_dir = Some(dir);
+            lock
+        }
+        None => None,
+    };
     let _ports = claim_ports(&config, cores)?;
     // Load (and validate) the cluster state before any executor starts, so a damaged file
     // stops start-up with a clear message.
@@ -561,6 +569,23 @@ pub fn run(mut config: BrokerConfig, cores: usize) -> anyhow::Result<()> {
         r.map_err(|e| anyhow::anyhow!("shard thread failed: {e}"))?;
     }
     Ok(())
+}
+
+/// Creates directory `dir` (config `key`) if need be and returns its absolute path. Every
+/// path of the broker is derived from one of these, and glommio opens a directory relative to
+/// no directory at all (`openat(-1, ..)`), so a relative one (the default `ferrolog-data`
+/// among them) must never reach it. Syncs it once for every partition directory in it: one
+/// created just before a crash may not have had its entry synced yet (io syncs it when it
+/// creates one).
+fn open_dir(dir: &std::path::Path, key: &str) -> anyhow::Result<std::path::PathBuf> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| anyhow::anyhow!("cannot create {key} {}: {e}", dir.display()))?;
+    let dir = std::fs::canonicalize(dir)
+        .map_err(|e| anyhow::anyhow!("cannot resolve {key} {}: {e}", dir.display()))?;
+    std::fs::File::open(&dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| anyhow::anyhow!("cannot sync {key} {}: {e}", dir.display()))?;
+    Ok(dir)
 }
 
 /// Takes an exclusive lock (flock) on `log.dirs/.lock`, as Kafka takes one on its own: a

@@ -93,6 +93,11 @@ fn broker_entries(config: &BrokerConfig) -> Vec<Entry> {
         ),
         ("log.dirs".into(), config.log_dir.display().to_string(), 2),
         (
+            "metadata.log.dir".into(),
+            config.metadata_dir().display().to_string(),
+            2,
+        ),
+        (
             "num.partitions".into(),
             config.num_partitions.to_string(),
             3,

@@ -1,8 +1,8 @@
 //! ferrolog, the broker: Kafka protocol, shards, partitions, the controller, configuration.
 //!
 //! Layering (DESIGN.md): this crate -> `ferrolog_raft` (replication: the controller quorum
-//! in `quorum`, replicated partitions in `replica`, each shard's Raft transport and
-//! quiescence in `replication`) -> `ferrolog_io` (storage). Nothing here
+//! in `quorum`; partitions write through `replication`'s one interface, local or Raft, and
+//! each shard's Raft transport and quiescence are in `replication::peers`) -> `ferrolog_io` (storage). Nothing here
 //! blocks a shard's executor on the data path; partition state is shard-local
 //! (`Rc`/`RefCell`), shards talk only through `shard::Shard::invoke_on`.
 //!
@@ -19,7 +19,6 @@ pub mod partition;
 pub mod producer_state;
 pub mod quorum;
 pub mod records;
-pub mod replica;
 pub mod replication;
 pub mod shard;
 pub mod types;

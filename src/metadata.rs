@@ -138,7 +138,7 @@ pub struct TopicMeta {
 impl TopicMeta {
     /// The Raft group of `partition`, should it be replicated.
     pub fn raft_group(&self, partition: i32) -> ferrolog_raft::wire::GroupId {
-        crate::replica::group_id(&self.id, self.raft_number, partition)
+        crate::replication::raft::group_id(&self.id, self.raft_number, partition)
     }
 
     /// Leader, leader epoch and ISR of `partition`. One replica: that node, epoch 0. More:

@@ -1,18 +1,14 @@
 //! One partition on the shard that owns it: its log, its idempotent-producer state, and the
-//! Kafka rules for appending and reading (validation, offsets, HW).
-//!
-//! Unreplicated (one replica): the leader epoch is 0 and the high watermark is the durable
-//! (fsynced) log end, which is what Raft's commit index is with one member; appends go
-//! straight to the log. Replicated: appends go through the partition's Raft group
-//! (`replica`), and HW and epoch come from it. Everything here runs on the owning shard;
-//! the synchronous part of `append` runs in the order requests arrived in.
+//! Kafka rules for appending and reading (validation, offsets, HW). It writes and learns its
+//! HW and leader epoch through its `Replication` (local or Raft), the same way for both.
+//! Everything here runs on the owning shard; the synchronous part of `append` runs in the
+//! order requests arrived in.
 
 use std::cell::RefCell;
 use std::path::Path;
 use std::rc::Rc;
 
 use futures::future::LocalBoxFuture;
-use futures::FutureExt;
 
 use bytes::{Bytes, BytesMut};
 use ferrolog_io::batch::{self, BatchError, BatchHeader, ATTR_TIMESTAMP_LOG_APPEND};
@@ -23,12 +19,7 @@ use crate::config::TopicSettings;
 use crate::errors::BrokerError;
 use crate::producer_state::{ProducerStates, SequenceCheck};
 use crate::records::{self, RecordError, TimestampPolicy};
-use crate::replica::Replica;
-
-/// The leader epoch of every partition until replication brings Raft terms.
-pub const LEADER_EPOCH: i32 = 0;
-/// Bytes read per round while rebuilding producer state at open.
-const RECOVERY_READ_BYTES: usize = 1 << 20;
+use crate::replication::{AppendStep, Opened, Replication};
 
 /// What a successful produce to one partition returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,78 +31,6 @@ pub struct Appended {
     pub log_append_time_ms: i64,
     /// A retried batch that was already written: nothing new to wait for.
     pub duplicate: bool,
-}
-
-/// What `append` did with a batch.
-pub enum AppendStep {
-    /// Appended to the local log (unreplicated): wait for durability as acks asks.
-    Local(Appended),
-    /// Proposed to the Raft group (replicated): `commit` resolves once it is committed (the
-    /// proposal is under way whether or not anyone waits). `reserved`: where the leader
-    /// predicted it lands (a duplicate: where it already is); `crc`: the batch's CRC, which
-    /// tells it from another batch at those offsets.
-    Replicated {
-        reserved: Appended,
-        crc: u32,
-        commit: LocalBoxFuture<'static, Result<Appended, BrokerError>>,
-    },
-}
-
-impl AppendStep {
-    /// Waits until the batch counts as written, `durable` for acks=all. Unreplicated: fsynced
-    /// when `durable`, else at once. Replicated: committed on a majority when `durable`, else
-    /// (acks=1) once the leader's own log holds it where predicted, fsynced, unless the
-    /// proposal failed first; a leader deposed before a majority has it may lose it, as in
-    /// Kafka.
-    pub async fn finish(self, log: &Log, durable: bool) -> Result<Appended, BrokerError> {
-        match self {
-            AppendStep::Local(appended) if durable => {
-                log.wait_durable(appended.end_offset)
-                    .await
-                    .map_err(|e| BrokerError::Storage(e.to_string()))?;
-                Ok(appended)
-            }
-            AppendStep::Local(appended) => Ok(appended),
-            AppendStep::Replicated { commit, .. } if durable => commit.await,
-            AppendStep::Replicated {
-                reserved,
-                crc,
-                commit,
-            } => {
-                let written = std::pin::pin!(log.wait_durable(reserved.end_offset));
-                match futures::future::select(commit, written).await {
-                    futures::future::Either::Left((committed, _)) => committed,
-                    futures::future::Either::Right((Ok(()), commit)) => {
-                        // Durable up to the predicted end; but a refused earlier proposal
-                        // shifts later ones, so the batch there must be this one.
-                        let there = log
-                            .read(reserved.base_offset, 1, reserved.end_offset, true)
-                            .await
-                            .ok()
-                            .and_then(|b| BatchHeader::parse(&b).ok());
-                        match there {
-                            Some(h)
-                                if h.base_offset == reserved.base_offset
-                                    && h.crc == crc
-                                    && h.base_offset + i64::from(h.record_count)
-                                        == reserved.end_offset =>
-                            {
-                                Ok(reserved)
-                            }
-                            _ => commit.await,
-                        }
-                    }
-                    // Truncated: this node lost the lead and its unreplicated tail.
-                    futures::future::Either::Right((Err(LogError::Truncated), _)) => {
-                        Err(BrokerError::NotLeaderOrFollower)
-                    }
-                    futures::future::Either::Right((Err(e), _)) => {
-                        Err(BrokerError::Storage(e.to_string()))
-                    }
-                }
-            }
-        }
-    }
 }
 
 /// A fetch result for one partition.
@@ -129,37 +48,13 @@ pub struct Partition {
     pub log: Rc<Log>,
     settings: RefCell<TopicSettings>,
     producers: RefCell<ProducerStates>,
-    /// The Raft group of a replicated partition.
-    pub replica: Option<Replica>,
+    pub replication: Replication,
 }
 
 impl Partition {
+    /// Opens the partition's directory under `base_dir` (claimed for `topic_id`) with `open`,
+    /// which gives its log and replication (`Replication::open`).
     pub async fn open(
-        base_dir: &Path,
-        topic: &str,
-        topic_id: Uuid,
-        index: i32,
-        settings: TopicSettings,
-        now_ms: i64,
-    ) -> Result<Rc<Partition>, LogError> {
-        let dir = base_dir.join(format!("{topic}-{index}"));
-        claim_directory(&dir, topic_id).await?;
-        let log = Log::open(&dir, settings.log_config(), now_ms).await?;
-        let partition = Partition {
-            topic: topic.to_string(),
-            topic_id,
-            index,
-            log,
-            settings: RefCell::new(settings),
-            producers: RefCell::new(ProducerStates::default()),
-            replica: None,
-        };
-        partition.rebuild_producer_state().await?;
-        Ok(Rc::new(partition))
-    }
-
-    /// Opens a replicated partition: its log is the Raft log of `replica`'s group.
-    pub async fn open_replicated(
         base_dir: &Path,
         topic: &str,
         topic_id: Uuid,
@@ -168,38 +63,34 @@ impl Partition {
         open: impl FnOnce(
             std::path::PathBuf,
             ferrolog_io::LogConfig,
-        ) -> LocalBoxFuture<'static, std::io::Result<(Rc<Log>, Replica)>>,
+        ) -> LocalBoxFuture<'static, Result<Opened, LogError>>,
     ) -> Result<Rc<Partition>, LogError> {
         let dir = base_dir.join(format!("{topic}-{index}"));
         claim_directory(&dir, topic_id).await?;
-        let (log, replica) = open(dir, settings.log_config())
-            .await
-            .map_err(|e| LogError::Io(e.to_string()))?;
+        let Opened {
+            log,
+            replication,
+            producers,
+        } = open(dir, settings.log_config()).await?;
         Ok(Rc::new(Partition {
             topic: topic.to_string(),
             topic_id,
             index,
             log,
             settings: RefCell::new(settings),
-            // Rebuilt from the applied entries when this replica starts leading.
-            producers: RefCell::new(ProducerStates::default()),
-            replica: Some(replica),
+            producers: RefCell::new(producers),
+            replication,
         }))
     }
 
     /// Kafka's leader epoch: the Raft term of a replicated partition, 0 otherwise.
     pub fn leader_epoch(&self) -> i32 {
-        self.replica
-            .as_ref()
-            .map_or(LEADER_EPOCH, |r| r.leader_epoch())
+        self.replication.leader_epoch()
     }
 
     /// Resolves the next time the HW may have moved.
     pub fn hw_changed(&self) -> futures::channel::oneshot::Receiver<()> {
-        match &self.replica {
-            Some(r) => r.hw_changed(),
-            None => self.log.durable_changed(),
-        }
+        self.replication.hw_changed()
     }
 
     /// OffsetForLeaderEpoch on the leader: Kafka's fencing of the caller's current epoch,
@@ -213,12 +104,13 @@ impl Partition {
         if requested == epoch {
             return Ok((epoch, self.log.end_offset()));
         }
-        match &self.replica {
-            Some(r) if requested < epoch => {
-                Ok(r.end_offset_for_epoch(requested).unwrap_or((-1, -1)))
-            }
-            _ => Ok((-1, -1)),
+        if requested > epoch {
+            return Ok((-1, -1));
         }
+        Ok(self
+            .replication
+            .end_offset_for_epoch(requested)
+            .unwrap_or((-1, -1)))
     }
 
     /// Checks, as Kafka does for Fetch, ListOffsets and OffsetForLeaderEpoch, the leader
@@ -240,64 +132,28 @@ impl Partition {
         Ok(epoch)
     }
 
-    /// `check_leader`, and for a replicated partition that the leader holds a current lease
-    /// (`Replica::read_lease`): what Fetch and ListOffsets check before they answer.
-    /// (OffsetForLeaderEpoch checks the leader only.)
+    /// `check_leader`, and that the leader holds a current lease (`Replica::read_lease`):
+    /// what Fetch and ListOffsets check before they answer. (OffsetForLeaderEpoch checks the
+    /// leader only.)
     pub async fn check_read(&self, current_leader_epoch: i32) -> Result<i32, BrokerError> {
         let epoch = self.check_leader(current_leader_epoch)?;
         self.read_lease().await?;
         Ok(epoch)
     }
 
-    /// A current lease to answer reads with (always, unreplicated).
+    /// A current lease to answer reads with.
     pub async fn read_lease(&self) -> Result<(), BrokerError> {
-        match &self.replica {
-            Some(r) => r.read_lease().await,
-            None => Ok(()),
-        }
+        self.replication.read_lease().await
     }
 
     /// Whether this replica serves produce and consumer fetches.
     pub fn is_leader(&self) -> bool {
-        self.replica.as_ref().is_none_or(|r| r.is_leader())
+        self.replication.is_leader()
     }
 
     /// How many replicas are in sync (as the leader sees it).
     pub fn in_sync_replicas(&self) -> usize {
-        self.replica
-            .as_ref()
-            .map_or(1, |r| r.in_sync_replicas().len())
-    }
-
-    /// Restores the producer state, so a producer that retries across a broker restart is
-    /// still recognised: the newest snapshot (written at each segment roll) at or below the
-    /// log end, then the batch headers after it. Without a snapshot, the active segment.
-    async fn rebuild_producer_state(&self) -> Result<(), LogError> {
-        let end = self.log.durable_offset();
-        let mut offset = self.log.active_base_offset().max(self.log.start_offset());
-        if let Some((at, states)) = load_snapshot(self.log.dir(), end) {
-            if at <= offset {
-                *self.producers.borrow_mut() = states;
-                offset = at.max(self.log.start_offset());
-            }
-        }
-        while offset < end {
-            let bytes = self
-                .log
-                .read(offset, RECOVERY_READ_BYTES, end, true)
-                .await?;
-            if bytes.is_empty() {
-                break;
-            }
-            let mut rest = &bytes[..];
-            while !rest.is_empty() {
-                let h = BatchHeader::parse(rest).map_err(LogError::InvalidBatch)?;
-                self.producers.borrow_mut().record(&h);
-                offset = h.next_offset();
-                rest = &rest[h.total_bytes()..];
-            }
-        }
-        Ok(())
+        self.replication.in_sync_replicas()
     }
 
     pub fn settings(&self) -> TopicSettings {
@@ -309,40 +165,32 @@ impl Partition {
         *self.settings.borrow_mut() = settings;
     }
 
-    /// HW: offset after the last committed batch (unreplicated: the last fsynced one).
+    /// HW: offset after the last committed batch.
     pub fn high_watermark(&self) -> i64 {
-        match &self.replica {
-            Some(r) => r.high_watermark(),
-            None => self.log.durable_offset(),
-        }
+        self.replication.high_watermark()
     }
 
-    /// Moves the log start to `offset`, at or below the HW, and returns it. Replicated (the
-    /// leader only): through a Raft entry that every replica applies and acts on
-    /// (`Replica::propose_log_start`); answers once the leader's own log starts there.
+    /// Moves the log start to `offset`, at or below the HW, and returns it
+    /// (`Replication::move_log_start`).
     pub async fn move_log_start(&self, offset: i64, now_ms: i64) -> Result<i64, BrokerError> {
-        let Some(r) = &self.replica else {
-            return self
-                .log
-                .advance_start(offset)
-                .await
-                .map_err(BrokerError::from_log);
-        };
-        if offset > self.log.start_offset() {
-            r.propose_log_start(&self.producers, self.log.end_offset(), offset, now_ms)
-                .await?;
-            r.apply_retention(&self.log, now_ms, None, true)
-                .await
-                .map_err(|e| BrokerError::RequestTimedOut(e.to_string()))?;
-        }
-        Ok(self.log.start_offset())
+        self.replication
+            .move_log_start(&self.log, &self.producers, offset, now_ms)
+            .await
     }
 
-    /// Validates one produced batch and appends it. Synchronous: the caller awaits
-    /// durability separately (`wait_durable`). `transactional_id` tells whether the request
-    /// named one (Kafka checks it before it looks at transactional batches).
+    /// Applies retention (`Replication::apply_retention`); None: nothing to do.
+    pub async fn apply_retention(&self, now_ms: i64, full: bool) -> Option<std::io::Result<()>> {
+        let settings = self.settings();
+        self.replication
+            .apply_retention(&self.log, &settings, now_ms, full)
+            .await
+    }
+
+    /// Validates one produced batch and appends it. Synchronous: the caller awaits what acks
+    /// asks for separately (`AppendStep::finish`). `transactional_id` tells whether the
+    /// request named one (Kafka checks it before it looks at transactional batches).
     pub fn append(
-        self: &Rc<Self>,
+        &self,
         records: &Bytes,
         transactional_id: bool,
         now_ms: i64,
@@ -350,9 +198,8 @@ impl Partition {
         if let Some(e) = self.log.failure() {
             return Err(BrokerError::Storage(e.to_string()));
         }
-        if let Some(replica) = &self.replica {
-            replica.ready(&self.producers, self.log.end_offset())?;
-        }
+        self.replication
+            .ready(&self.producers, self.log.end_offset())?;
         let settings = self.settings.borrow().clone();
         // Kafka answers INVALID_RECORD for anything that is not one whole v2 batch, and
         // CORRUPT_MESSAGE only for a CRC mismatch.
@@ -438,23 +285,8 @@ impl Partition {
                     log_append_time_ms: timestamp,
                     duplicate: true,
                 };
-                if self.replica.is_none() {
-                    return Ok(AppendStep::Local(appended));
-                }
                 // Proposed, maybe not yet committed: answered once this very batch is.
-                let me = self.clone();
-                return Ok(AppendStep::Replicated {
-                    reserved: appended,
-                    crc: header.crc,
-                    commit: async move {
-                        let replica = me.replica.as_ref().expect("replicated");
-                        replica
-                            .wait_duplicate(&header, base_offset, appended.end_offset)
-                            .await?;
-                        Ok(appended)
-                    }
-                    .boxed_local(),
-                });
+                return Ok(self.replication.duplicate(&header, appended));
             }
             SequenceCheck::OutOfOrder => return Err(BrokerError::OutOfOrderSequence),
             SequenceCheck::StaleEpoch => return Err(BrokerError::InvalidProducerEpoch),
@@ -471,94 +303,8 @@ impl Partition {
             }
             -1
         };
-        if let Some(replica) = &self.replica {
-            // A ready leader is the only writer of its log in its term, so it knows where
-            // the batch will land; its producer state records it at once, so pipelined
-            // batches of one producer pass the sequence check. acks=all answers with the
-            // offsets the commit reports, acks=1 with these once it finds the batch there.
-            let reservation = replica.reserve(i64::from(header.record_count));
-            let base_offset = reservation.base_offset;
-            let crc = BatchHeader::parse(&bytes)
-                .expect("a verified batch, restamped")
-                .crc;
-            let appended = Appended {
-                base_offset,
-                end_offset: base_offset + i64::from(header.record_count),
-                log_append_time_ms,
-                duplicate: false,
-            };
-            self.producers.borrow_mut().record(&BatchHeader {
-                base_offset,
-                ..header
-            });
-            // Proposed now, in request order, whatever the caller waits for.
-            let (tx, rx) = futures::channel::oneshot::channel();
-            let me = self.clone();
-            let bytes = bytes.freeze();
-            glommio::spawn_local(async move {
-                let replica = me.replica.as_ref().expect("replicated");
-                let committed = replica.replicate(bytes, reservation).await.map(|(base, end)| {
-                    if base != appended.base_offset {
-                        // An earlier proposal was refused after this one went out (see
-                        // `Replica::replicate`); the log's word wins.
-                        tracing::warn!(topic = %me.topic, partition = me.index, predicted = appended.base_offset,
-                            actual = base, "replicated batch landed at another offset than predicted");
-                    }
-                    Appended {
-                        base_offset: base,
-                        end_offset: end,
-                        ..appended
-                    }
-                });
-                let _ = tx.send(committed);
-            })
-            .detach();
-            return Ok(AppendStep::Replicated {
-                reserved: appended,
-                crc,
-                commit: async move { rx.await.unwrap_or(Err(BrokerError::NotLeaderOrFollower)) }
-                    .boxed_local(),
-            });
-        }
-        let active_before = self.log.active_base_offset();
-        let info = self
-            .log
-            .append(bytes, LEADER_EPOCH, now_ms)
-            .map_err(|e| BrokerError::Storage(e.to_string()))?;
-        if self.log.active_base_offset() != active_before {
-            // A roll: snapshot the producer state as of the new segment's start (Kafka does
-            // the same), so a restart need not replay the whole log.
-            self.write_snapshot(info.base_offset);
-        }
-        let stored = BatchHeader {
-            base_offset: info.base_offset,
-            ..header
-        };
-        self.producers.borrow_mut().record(&stored);
-        Ok(AppendStep::Local(Appended {
-            base_offset: info.base_offset,
-            end_offset: info.last_offset + 1,
-            log_append_time_ms,
-            duplicate: false,
-        }))
-    }
-
-    fn write_snapshot(&self, at: i64) {
-        let path = self
-            .log
-            .dir()
-            .join(format!("{}.snapshot", ferrolog_io::file_stem(at)));
-        let bytes =
-            serde_json::to_vec(&*self.producers.borrow()).expect("producer state serialises");
-        let dir = self.log.dir().to_path_buf();
-        glommio::spawn_local(async move {
-            if let Err(e) = ferrolog_io::write_file(&path, bytes).await {
-                tracing::warn!(path = %path.display(), error = %e, "producer snapshot not written");
-                return;
-            }
-            prune_snapshots(&dir, at);
-        })
-        .detach();
+        self.replication
+            .append(&self.producers, bytes, &header, log_append_time_ms, now_ms)
     }
 
     /// Reads from `offset` up to the HW; `first_in_response`: the first batch may exceed
@@ -647,50 +393,6 @@ impl Partition {
         })
         .map_err(|e| BrokerError::Storage(format!("stored batch does not decode: {e}")))?;
         Ok(Some(found))
-    }
-}
-
-/// Snapshots kept per partition: the newest few are enough to skip replaying old segments.
-const SNAPSHOTS_KEPT: usize = 2;
-
-fn snapshot_offsets(dir: &Path) -> Vec<i64> {
-    let mut offsets: Vec<i64> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            name.strip_suffix(".snapshot")?.parse().ok()
-        })
-        .collect();
-    offsets.sort_unstable();
-    offsets
-}
-
-/// The newest readable snapshot at or below `end`.
-fn load_snapshot(dir: &Path, end: i64) -> Option<(i64, ProducerStates)> {
-    snapshot_offsets(dir).into_iter().rev().filter(|&at| at <= end).find_map(|at| {
-        let path = dir.join(format!("{}.snapshot", ferrolog_io::file_stem(at)));
-        let bytes = std::fs::read(&path).ok()?;
-        match serde_json::from_slice(&bytes) {
-            Ok(states) => Some((at, states)),
-            Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "ignoring a damaged producer snapshot");
-                None
-            }
-        }
-    })
-}
-
-fn prune_snapshots(dir: &Path, newest: i64) {
-    let offsets = snapshot_offsets(dir);
-    let keep_from = offsets.len().saturating_sub(SNAPSHOTS_KEPT);
-    for at in offsets
-        .into_iter()
-        .take(keep_from)
-        .filter(|&at| at < newest)
-    {
-        let _ = std::fs::remove_file(dir.join(format!("{}.snapshot", ferrolog_io::file_stem(at))));
     }
 }
 

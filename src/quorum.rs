@@ -450,7 +450,7 @@ fn shard_leader_reports(shard: &Shard) -> Vec<(String, LeaderRecord)> {
         .replicated_partitions()
         .iter()
         .filter_map(|p| {
-            let replica = p.replica.as_ref()?;
+            let replica = p.replication.raft()?;
             if !replica.is_leader() {
                 return None;
             }

@@ -30,6 +30,7 @@ use crate::group::{self, GroupCoordinator, OFFSETS_TOPIC};
 use crate::metadata::{shard_for, ClusterState, Controller, MetadataImage, ProducerIds};
 use crate::partition::Partition;
 use crate::quorum::Quorum;
+use crate::replication::{Placement, Replication};
 use crate::types::{now_ms, ShardId, TopicPartition};
 
 /// A closure sent to another shard.
@@ -310,7 +311,7 @@ impl Shard {
         self.partitions
             .borrow()
             .values()
-            .filter(|p| p.replica.is_some())
+            .filter(|p| p.replication.raft().is_some())
             .cloned()
             .collect()
     }
@@ -332,7 +333,7 @@ impl Shard {
             return;
         }
         *self.image.borrow_mut() = image.clone();
-        crate::replication::learn_peers(self, &image);
+        crate::replication::peers::learn_peers(self, &image);
         let now = now_ms();
         let mut to_open = Vec::new();
         for topic in image.topics.values() {
@@ -369,10 +370,10 @@ impl Shard {
             .collect();
         for (tp, p) in gone {
             self.partitions.borrow_mut().remove(&tp);
-            if let Some(replica) = &p.replica {
+            if let Some(replica) = p.replication.raft() {
                 self.raft_transport.unregister(replica.group());
-                let _ = replica.raft.shutdown().await;
             }
+            p.replication.shutdown().await;
             if tp.topic == OFFSETS_TOPIC {
                 group::unload(self, tp.partition);
             }
@@ -385,54 +386,38 @@ impl Shard {
             }
         }
         for (tp, id, group, settings, replicas) in to_open {
-            let opened = if replicas.len() > 1 {
-                let transport = self.raft_transport.clone();
-                let config = self.config.clone();
-                let log_start_asked = self.log_start_asked.clone();
-                Partition::open_replicated(
-                    &self.config.log_dir,
-                    &tp.topic,
-                    id,
-                    tp.partition,
-                    settings,
-                    move |dir, log_config| {
-                        async move {
-                            let placement = crate::replica::Placement {
-                                node_id: config.node_id,
-                                replicas: &replicas,
-                                addrs: &config.voters,
-                                group,
-                                lag_max: Duration::from_millis(config.replica_lag_time_max_ms),
-                                log_start_asked,
-                            };
-                            crate::replica::Replica::open(&dir, log_config, placement, &transport)
-                                .await
-                        }
-                        .boxed_local()
-                    },
-                )
-                .await
-            } else {
-                Partition::open(
-                    &self.config.log_dir,
-                    &tp.topic,
-                    id,
-                    tp.partition,
-                    settings,
-                    now,
-                )
-                .await
-            };
+            let transport = self.raft_transport.clone();
+            let config = self.config.clone();
+            let log_start_asked = self.log_start_asked.clone();
+            let opened = Partition::open(
+                &self.config.log_dir,
+                &tp.topic,
+                id,
+                tp.partition,
+                settings,
+                move |dir, log_config| {
+                    async move {
+                        let placement = Placement {
+                            node_id: config.node_id,
+                            replicas: &replicas,
+                            addrs: &config.voters,
+                            group,
+                            lag_max: Duration::from_millis(config.replica_lag_time_max_ms),
+                            log_start_asked,
+                        };
+                        Replication::open(dir, log_config, placement, &transport, now).await
+                    }
+                    .boxed_local()
+                },
+            )
+            .await;
             match opened {
                 Ok(p) => {
                     self.partitions.borrow_mut().insert(tp.clone(), p.clone());
-                    if tp.topic == OFFSETS_TOPIC && p.replica.is_none() {
-                        // Replayed in the background: until it is done the partition's groups
-                        // answer COORDINATOR_LOAD_IN_PROGRESS, and other partitions are served.
-                        // A replicated one is loaded once this node leads it (`group`).
-                        let load = self.groups.borrow_mut().start_loading(tp.partition);
-                        glommio::spawn_local(group::load(self.clone(), tp.partition, p, load))
-                            .detach();
+                    if tp.topic == OFFSETS_TOPIC {
+                        // Its groups are replayed in the background once this node leads it
+                        // (at once with one replica); other partitions are served meanwhile.
+                        group::follow_leadership(self);
                     }
                 }
                 Err(e) => {
@@ -454,9 +439,7 @@ impl Shard {
             let _ = quorum.raft.shutdown().await;
         }
         for p in &parts {
-            if let Some(replica) = &p.replica {
-                let _ = replica.raft.shutdown().await;
-            }
+            p.replication.shutdown().await;
         }
         for p in parts {
             if let Err(e) = p.log.close().await {
@@ -481,24 +464,8 @@ impl Shard {
             let parts: Vec<Rc<Partition>> = self.partitions.borrow().values().cloned().collect();
             let now = now_ms();
             for p in parts {
-                let s = p.settings();
-                let limits = s.deletes.then_some((s.retention_ms, s.retention_bytes));
-                // A replicated log is the Raft log: its prefix goes through Raft, also when a
-                // log-start entry asks for it on a topic that does not delete.
-                let done = match (&p.replica, full) {
-                    (Some(r), true) => r.apply_retention(&p.log, now, limits, false).await,
-                    // A leader moved its own log start when it proposed the entry.
-                    (Some(r), false) if r.log_start_asked(&p.log) && !r.is_leader() => {
-                        r.apply_retention(&p.log, now, None, true).await
-                    }
-                    (_, false) => continue,
-                    (None, true) if limits.is_none() => continue,
-                    (None, true) => p
-                        .log
-                        .apply_retention(now, s.retention_ms, s.retention_bytes)
-                        .await
-                        .map(drop)
-                        .map_err(std::io::Error::other),
+                let Some(done) = p.apply_retention(now, full).await else {
+                    continue;
                 };
                 if let Err(e) = done {
                     tracing::warn!(topic = %p.topic, partition = p.index, error = %e, "retention failed");
@@ -642,7 +609,7 @@ fn claim_ports(
     let mut claims = vec![claim(config.listen_addr, "listeners")?];
     if let Some(base) = config.voters.get(&config.node_id) {
         for shard in 0..cores {
-            if let Some(addr) = crate::replication::shard_addr(*base, shard) {
+            if let Some(addr) = crate::replication::peers::shard_addr(*base, shard) {
                 claims.push(claim(
                     addr,
                     "Raft traffic of a shard: controller.quorum.voters port + shard",
@@ -755,7 +722,7 @@ async fn shard_main(
         })
         .detach();
     }
-    crate::replication::start(&shard)?;
+    crate::replication::peers::start(&shard)?;
     let quorum = if id.0 == 0 {
         // Committed metadata is applied (and published) as the quorum starts; a new cluster
         // gets its first state once a leader is elected.

@@ -573,10 +573,12 @@ pub fn unload(shard: &Shard, index: i32) {
     c.groups.retain(|_, g| g.partition != index);
 }
 
-/// Replicated offsets partitions: this shard coordinates a partition's groups while it leads
-/// it, loading them once it is a ready leader (it has applied everything committed before),
-/// and drops them when it stops leading; clients then find the new coordinator.
-fn follow_leadership(shard: &Rc<Shard>) {
+/// Offsets partitions: this shard coordinates a partition's groups while it leads it (always,
+/// with one replica), loading them once it is a ready leader (it has applied everything
+/// committed before), and drops them when it stops leading; clients then find the new
+/// coordinator. Until a load is done, the partition's groups answer
+/// COORDINATOR_LOAD_IN_PROGRESS.
+pub fn follow_leadership(shard: &Rc<Shard>) {
     let Some(partitions) = shard.image().topic(OFFSETS_TOPIC).map(|t| t.partitions) else {
         return;
     };
@@ -584,11 +586,8 @@ fn follow_leadership(shard: &Rc<Shard>) {
         let Some(p) = offsets_partition(shard, index) else {
             continue; // another shard's or another node's
         };
-        let Some(replica) = p.replica.as_ref() else {
-            continue;
-        };
-        let leads = replica.is_leader();
-        let epoch = replica.leader_epoch();
+        let leads = p.is_leader();
+        let epoch = p.leader_epoch();
         let loaded_epoch = shard.groups.borrow().loaded_epochs.get(&p.index).copied();
         if leads && loaded_epoch.is_some_and(|e| e != epoch) {
             unload(shard, p.index); // led again in a later term: load afresh

@@ -49,7 +49,7 @@ pub async fn handle(ctx: Rc<RequestContext>, req: DeleteRecordsRequest) -> Delet
                 .shard
                 .on_partition(tp, move |part| {
                     async move {
-                        if part.replica.as_ref().is_some_and(|r| !r.is_leader()) {
+                        if !part.is_leader() {
                             return Err(BrokerError::NotLeaderOrFollower);
                         }
                         // -1 means "up to the high watermark".
@@ -61,17 +61,13 @@ pub async fn handle(ctx: Rc<RequestContext>, req: DeleteRecordsRequest) -> Delet
                         if target < 0 || target > part.high_watermark() {
                             return Err(BrokerError::OffsetOutOfRange);
                         }
-                        let low = part.move_log_start(target, now_ms()).await?;
-                        // Replicated: answered once every live replica starts there too, or
+                        part.move_log_start(target, now_ms()).await?;
+                        // Answered once every live replica starts there too, or
                         // REQUEST_TIMED_OUT after timeout_ms, as Kafka answers.
-                        match &part.replica {
-                            Some(r) => {
-                                let live = |id| live.contains(&id);
-                                r.wait_low_watermark(&part.log, target, live, deadline)
-                                    .await
-                            }
-                            None => Ok(low),
-                        }
+                        let live = |id| live.contains(&id);
+                        part.replication
+                            .wait_low_watermark(&part.log, target, live, deadline)
+                            .await
                     }
                     .boxed_local()
                 })

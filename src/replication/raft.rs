@@ -9,7 +9,7 @@
 //!   within `replica.lag.time.max.ms` (the leader's end is sampled a moment apart, so a
 //!   follower one round trip behind a busy leader is in sync) and whose node answers pings;
 //! - acks=all answers once the entry is committed, i.e. fsynced on a majority; acks=1 once
-//!   the leader's own log holds it (see `partition::AppendStep`). There is no unclean
+//!   the leader's own log holds it (see `replication::AppendStep`). There is no unclean
 //!   election: Raft only elects a node holding every committed entry.
 //!
 //! A leader takes produce requests only once it has applied every entry of earlier terms
@@ -51,12 +51,15 @@ use ferrolog_raft::state_machine::{Applied, NextOffset, PartitionStateMachine};
 use ferrolog_raft::store::{LogStore, StoreView};
 use ferrolog_raft::wire::GroupId;
 use ferrolog_raft::{openraft, GlommioRuntime};
+use futures::future::LocalBoxFuture;
+use futures::FutureExt;
 use openraft::impls::ProgressResponder;
 use openraft::storage::{RaftLogReader, RaftLogStorage};
 use openraft::{AsyncRuntime, BasicNode, EntryPayload, Raft};
 use uuid::Uuid;
 
 use crate::errors::BrokerError;
+use crate::partition::Appended;
 use crate::producer_state::{ProducerStates, SequenceCheck};
 use crate::types::now_ms;
 
@@ -674,6 +677,73 @@ impl Replica {
             base_offset,
             term: self.ready_term.get(),
         }
+    }
+
+    /// Proposes a validated new batch (`bytes`, with header `header`) on a ready leader: its
+    /// offsets are reserved and the producer state records it there at once, so pipelined
+    /// batches of one producer pass the sequence check; the proposal goes out now, in request
+    /// order, whoever waits for it. Returns where it is to land, its CRC, and its commit,
+    /// which answers with the offsets of the committed entry (`replicate` refuses one that
+    /// landed elsewhere).
+    pub fn propose(
+        self: &Rc<Self>,
+        producers: &RefCell<ProducerStates>,
+        bytes: bytes::Bytes,
+        header: &BatchHeader,
+        log_append_time_ms: i64,
+    ) -> (
+        Appended,
+        u32,
+        LocalBoxFuture<'static, Result<Appended, BrokerError>>,
+    ) {
+        let reservation = self.reserve(i64::from(header.record_count));
+        let base_offset = reservation.base_offset;
+        let crc = BatchHeader::parse(&bytes)
+            .expect("a verified batch, restamped")
+            .crc;
+        let reserved = Appended {
+            base_offset,
+            end_offset: base_offset + i64::from(header.record_count),
+            log_append_time_ms,
+            duplicate: false,
+        };
+        producers.borrow_mut().record(&BatchHeader {
+            base_offset,
+            ..*header
+        });
+        let (tx, rx) = futures::channel::oneshot::channel();
+        let me = self.clone();
+        glommio::spawn_local(async move {
+            let committed = me.replicate(bytes, reservation).await.map(|(base, end)| {
+                assert_eq!(
+                    base, reserved.base_offset,
+                    "replicate refuses a moved batch"
+                );
+                Appended {
+                    end_offset: end,
+                    ..reserved
+                }
+            });
+            let _ = tx.send(committed);
+        })
+        .detach();
+        let commit = async move { rx.await.unwrap_or(Err(BrokerError::NotLeaderOrFollower)) };
+        (reserved, crc, commit.boxed_local())
+    }
+
+    /// Answers a retry of a batch the producer state holds at `appended` once the batch
+    /// itself is committed there (`wait_duplicate`).
+    pub fn confirm_duplicate(
+        self: Rc<Self>,
+        header: BatchHeader,
+        appended: Appended,
+    ) -> LocalBoxFuture<'static, Result<Appended, BrokerError>> {
+        async move {
+            self.wait_duplicate(&header, appended.base_offset, appended.end_offset)
+                .await?;
+            Ok(appended)
+        }
+        .boxed_local()
     }
 
     /// Replicates `batch` (its offsets `reserve`d) and returns the Kafka offsets it got once

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use ferrolog_raft::wire::GroupId;
 
 use crate::metadata::MetadataImage;
-use crate::replica::BEAT_INTERVAL;
+use crate::replication::raft::BEAT_INTERVAL;
 use crate::shard::Shard;
 
 /// How often each shard pings each peer shard it talks to (liveness, for the ISR of idle
@@ -110,8 +110,8 @@ async fn quiescence_loop(shard: Weak<Shard>) {
         let mut beats: BTreeMap<(u64, usize), Vec<(GroupId, u64)>> = BTreeMap::new();
         for partition in shard.replicated_partitions() {
             let Some(lead) = partition
-                .replica
-                .as_ref()
+                .replication
+                .raft()
                 .and_then(|r| r.tend(now < settle_until))
                 .filter(|_| beat_due)
             else {
@@ -138,7 +138,7 @@ async fn quiescence_loop(shard: Weak<Shard>) {
                 };
                 let stale: HashSet<GroupId> = stale.into_iter().collect();
                 for partition in shard.replicated_partitions() {
-                    if let Some(replica) = partition.replica.as_ref() {
+                    if let Some(replica) = partition.replication.raft() {
                         if stale.contains(&replica.group()) {
                             replica.wake();
                         }

@@ -2,8 +2,8 @@
 //!
 //! Layering (DESIGN.md): this crate -> `ferrolog_raft` (replication: the controller quorum
 //! in `quorum`; partitions write through `replication`'s one interface, local or Raft, and
-//! each shard's Raft transport and quiescence are in `replication::peers`) -> `ferrolog_io` (storage). Nothing here
-//! blocks a shard's executor on the data path; partition state is shard-local
+//! each shard's Raft transport and quiescence are in `replication::peers`) -> `ferrolog_io`
+//! (storage). Nothing here blocks a shard's executor on the data path; partition state is shard-local
 //! (`Rc`/`RefCell`), shards talk only through `shard::Shard::invoke_on`.
 //!
 //! The binary (`src/main.rs`) only parses the command line; everything else is here so the

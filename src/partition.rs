@@ -285,7 +285,8 @@ impl Partition {
                     log_append_time_ms: timestamp,
                     duplicate: true,
                 };
-                // Proposed, maybe not yet committed: answered once this very batch is.
+                // Raft: the batch may be proposed but not yet committed, and is answered
+                // once this very batch is (`Replication::duplicate`).
                 return Ok(self.replication.duplicate(&header, appended));
             }
             SequenceCheck::OutOfOrder => return Err(BrokerError::OutOfOrderSequence),

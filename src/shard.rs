@@ -6,8 +6,8 @@
 //! what keeps appends from one connection in order. Shard 0 also runs the controller quorum
 //! (cluster metadata in Raft group 0, `quorum`) and publishes each committed `MetadataImage`
 //! to every shard. Partitions, replicated or not, are spread over the shards; each shard runs
-//! the Raft groups of its replicated partitions (`replica`) on its own Raft transport
-//! (`replication`).
+//! the Raft groups of its replicated partitions (`replication::raft`) on its own Raft
+//! transport (`replication::peers`).
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};

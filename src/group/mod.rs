@@ -254,8 +254,9 @@ pub struct GroupCoordinator {
     /// when its leadership moves away, and may be loaded again before the old load ends).
     loads: HashMap<i32, u64>,
     next_load: u64,
-    /// The leader epoch each replicated offsets partition was loaded in: a node that lost
-    /// and regained the lead between two looks may have missed another leader's writes.
+    /// The leader epoch each offsets partition was loaded in (0 with one replica): a node
+    /// that lost and regained the lead between two looks may have missed another leader's
+    /// writes.
     loaded_epochs: HashMap<i32, i32>,
     /// Offset writes appended but not yet confirmed, per offsets partition: the partition's
     /// live state is not rewritten meanwhile (`snapshot_partitions`), as the rewrite would
@@ -264,8 +265,8 @@ pub struct GroupCoordinator {
 }
 
 impl GroupCoordinator {
-    /// Called before `load` runs for an offsets partition this shard now coordinates (opened
-    /// unreplicated, or led); returns the load's number.
+    /// Called before `load` runs for an offsets partition this shard now coordinates (it
+    /// leads it, see `follow_leadership`); returns the load's number.
     pub fn start_loading(&mut self, partition: i32) -> u64 {
         self.next_load += 1;
         self.partitions.insert(partition, false);

@@ -24,6 +24,8 @@ const RECOVERY_READ_BYTES: usize = 1 << 20;
 /// Snapshots kept per partition: the newest few are enough to skip replaying old segments.
 const SNAPSHOTS_KEPT: usize = 2;
 
+/// Always the leader (`Replication::is_leader`), which `group::follow_leadership` relies on
+/// to coordinate an unreplicated offsets partition's groups from its open on.
 pub struct Local {
     log: Rc<Log>,
 }

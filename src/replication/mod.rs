@@ -252,9 +252,10 @@ impl Replication {
         Ok(AppendStep(step))
     }
 
-    /// A retry of a batch the producer state already holds at `appended`: answered at once
-    /// by a local partition (its producer state records only appended batches), by a Raft
-    /// leader once the batch itself is committed there.
+    /// A retry of a batch the producer state already holds at `appended`. A local
+    /// partition's producer state records only appended batches, so `finish` waits only for
+    /// the fsync that acks=all asks for; a Raft leader answers once the batch itself is
+    /// committed there.
     pub fn duplicate(&self, header: &BatchHeader, appended: Appended) -> AppendStep {
         AppendStep(match self {
             Replication::Local(_) => Step::Local(appended),
@@ -305,6 +306,7 @@ impl Replication {
         deadline: std::time::Instant,
     ) -> Result<i64, BrokerError> {
         match self {
+            // The local log is the only replica, and `move_log_start` moved it already.
             Replication::Local(_) => Ok(log.start_offset()),
             Replication::Raft(r) => r.wait_low_watermark(log, offset, live, deadline).await,
         }

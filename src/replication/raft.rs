@@ -715,6 +715,8 @@ impl Replica {
         let me = self.clone();
         glommio::spawn_local(async move {
             let committed = me.replicate(bytes, reservation).await.map(|(base, end)| {
+                // `replicate` answers Ok only at the reserved offsets (it refuses a batch
+                // that landed elsewhere).
                 assert_eq!(
                     base, reserved.base_offset,
                     "replicate refuses a moved batch"

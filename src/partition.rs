@@ -8,8 +8,6 @@ use std::cell::RefCell;
 use std::path::Path;
 use std::rc::Rc;
 
-use futures::future::LocalBoxFuture;
-
 use bytes::{Bytes, BytesMut};
 use ferrolog_io::batch::{self, BatchError, BatchHeader, ATTR_TIMESTAMP_LOG_APPEND};
 use ferrolog_io::{Log, LogError};
@@ -19,7 +17,7 @@ use crate::config::TopicSettings;
 use crate::errors::BrokerError;
 use crate::producer_state::{ProducerStates, SequenceCheck};
 use crate::records::{self, RecordError, TimestampPolicy};
-use crate::replication::{AppendStep, Opened, Replication};
+use crate::replication::{AppendStep, Opened, Placement, Replication};
 
 /// What a successful produce to one partition returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,18 +50,16 @@ pub struct Partition {
 }
 
 impl Partition {
-    /// Opens the partition's directory under `base_dir` (claimed for `topic_id`) with `open`,
-    /// which gives its log and replication (`Replication::open`).
+    /// Opens the partition's directory under `base_dir` (claimed for `topic_id`), its log
+    /// and its replication as `placement` says (`Replication::open`).
     pub async fn open(
         base_dir: &Path,
         topic: &str,
         topic_id: Uuid,
         index: i32,
         settings: TopicSettings,
-        open: impl FnOnce(
-            std::path::PathBuf,
-            ferrolog_io::LogConfig,
-        ) -> LocalBoxFuture<'static, Result<Opened, LogError>>,
+        placement: Placement<'_>,
+        now_ms: i64,
     ) -> Result<Rc<Partition>, LogError> {
         let dir = base_dir.join(format!("{topic}-{index}"));
         claim_directory(&dir, topic_id).await?;
@@ -71,7 +67,7 @@ impl Partition {
             log,
             replication,
             producers,
-        } = open(dir, settings.log_config()).await?;
+        } = Replication::open(dir, settings.log_config(), placement, now_ms).await?;
         Ok(Rc::new(Partition {
             topic: topic.to_string(),
             topic_id,

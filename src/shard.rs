@@ -30,7 +30,7 @@ use crate::group::{self, GroupCoordinator, OFFSETS_TOPIC};
 use crate::metadata::{shard_for, ClusterState, Controller, MetadataImage, ProducerIds};
 use crate::partition::Partition;
 use crate::quorum::Quorum;
-use crate::replication::{Placement, Replication};
+use crate::replication::Placement;
 use crate::types::{now_ms, ShardId, TopicPartition};
 
 /// A closure sent to another shard.
@@ -386,29 +386,24 @@ impl Shard {
             }
         }
         for (tp, id, group, settings, replicas) in to_open {
-            let transport = self.raft_transport.clone();
-            let config = self.config.clone();
-            let log_start_asked = self.log_start_asked.clone();
+            let config = &self.config;
+            let placement = Placement {
+                node_id: config.node_id,
+                replicas: &replicas,
+                addrs: &config.voters,
+                group,
+                lag_max: Duration::from_millis(config.replica_lag_time_max_ms),
+                log_start_asked: self.log_start_asked.clone(),
+                transport: &self.raft_transport,
+            };
             let opened = Partition::open(
-                &self.config.log_dir,
+                &config.log_dir,
                 &tp.topic,
                 id,
                 tp.partition,
                 settings,
-                move |dir, log_config| {
-                    async move {
-                        let placement = Placement {
-                            node_id: config.node_id,
-                            replicas: &replicas,
-                            addrs: &config.voters,
-                            group,
-                            lag_max: Duration::from_millis(config.replica_lag_time_max_ms),
-                            log_start_asked,
-                        };
-                        Replication::open(dir, log_config, placement, &transport, now).await
-                    }
-                    .boxed_local()
-                },
+                placement,
+                now,
             )
             .await;
             match opened {

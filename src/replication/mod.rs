@@ -26,7 +26,6 @@ use std::rc::Rc;
 use bytes::BytesMut;
 use ferrolog_io::batch::BatchHeader;
 use ferrolog_io::{Log, LogConfig, LogError};
-use ferrolog_raft::network::Transport;
 use futures::future::LocalBoxFuture;
 
 use crate::config::TopicSettings;
@@ -129,13 +128,12 @@ impl Replication {
         dir: PathBuf,
         log_config: LogConfig,
         placement: Placement<'_>,
-        transport: &Rc<Transport>,
         now_ms: i64,
     ) -> Result<Opened, LogError> {
         if placement.replicas.len() <= 1 {
             return Local::open(&dir, log_config, now_ms).await;
         }
-        let (log, replica) = Replica::open(&dir, log_config, placement, transport)
+        let (log, replica) = Replica::open(&dir, log_config, placement)
             .await
             .map_err(|e| LogError::Io(e.to_string()))?;
         Ok(Opened {

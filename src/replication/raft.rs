@@ -225,6 +225,8 @@ pub struct Placement<'a> {
     pub lag_max: Duration,
     /// Woken when this replica applies a log-start entry that moves its log start.
     pub log_start_asked: Rc<tokio::sync::Notify>,
+    /// The shard's Raft transport, which carries the group.
+    pub transport: &'a Rc<Transport>,
 }
 
 pub struct Replica {
@@ -275,7 +277,6 @@ impl Replica {
         dir: &Path,
         log_config: LogConfig,
         placement: Placement<'_>,
-        transport: &Rc<Transport>,
     ) -> std::io::Result<(Rc<Log>, Replica)> {
         let Placement {
             node_id,
@@ -284,6 +285,7 @@ impl Replica {
             group,
             lag_max,
             log_start_asked,
+            transport,
         } = placement;
         let mut store = LogStore::open(dir, log_config, Rc::new(now_ms)).await?;
         let fresh = store.get_log_state().await?.last_log_id.is_none()

@@ -112,6 +112,12 @@ pub enum BrokerError {
     InvalidCommitOffsetSize,
     #[error("{0}")]
     InvalidRegularExpression(String),
+    #[error("Leader election not needed for topic partition.")]
+    ElectionNotNeeded,
+    #[error("{0}")]
+    PreferredLeaderNotAvailable(String),
+    #[error("{0}")]
+    EligibleLeadersNotAvailable(String),
     /// The error the controller leader answered a request this node forwarded to it with.
     #[error("{message}")]
     AtController { code: i16, message: String },
@@ -209,6 +215,9 @@ pub fn kafka_error(e: &BrokerError) -> ResponseError {
         BrokerError::UnreleasedInstanceId(_) => ResponseError::UnreleasedInstanceId,
         BrokerError::InvalidCommitOffsetSize => ResponseError::InvalidCommitOffsetSize,
         BrokerError::InvalidRegularExpression(_) => ResponseError::InvalidRegularExpression,
+        BrokerError::ElectionNotNeeded => ResponseError::ElectionNotNeeded,
+        BrokerError::PreferredLeaderNotAvailable(_) => ResponseError::PreferredLeaderNotAvailable,
+        BrokerError::EligibleLeadersNotAvailable(_) => ResponseError::EligibleLeadersNotAvailable,
         BrokerError::AtController { code, .. } => {
             ResponseError::try_from_code(*code).unwrap_or(ResponseError::UnknownServerError)
         }
@@ -279,6 +288,9 @@ mod tests {
             (BrokerError::StaleMemberEpoch, 113),
             (BrokerError::InvalidCommitOffsetSize, 28),
             (BrokerError::InvalidRegularExpression(String::new()), 128),
+            (BrokerError::PreferredLeaderNotAvailable(String::new()), 80),
+            (BrokerError::EligibleLeadersNotAvailable(String::new()), 83),
+            (BrokerError::ElectionNotNeeded, 84),
             (BrokerError::from_controller(36, String::new()), 36),
             (BrokerError::from_controller(41, String::new()), 41),
             (BrokerError::from_controller(7, String::new()), 7),

@@ -11,6 +11,13 @@ pub struct TopicPartition {
     pub partition: i32,
 }
 
+impl std::fmt::Display for TopicPartition {
+    /// Kafka's spelling: `topic-partition`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.topic, self.partition)
+    }
+}
+
 /// Milliseconds since the Unix epoch, from the wall clock. Handlers take the time once per
 /// request and pass it down, so the partition logic never reads the clock itself.
 pub fn now_ms() -> i64 {

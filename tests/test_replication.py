@@ -42,7 +42,7 @@ from confluent_kafka.admin import NewTopic
 from cluster import Cluster, check, consume_all, create, metadata, produce, registered
 from conftest import TARGET
 from kafka_wire import METADATA, Connection, metadata_v8, offset_for_leader_epoch, parse_metadata_v8
-from support import CACHE, need, wait_until
+from support import CACHE, java, need, wait_until
 from test_fetch_sessions import FETCH, fetch_v11, parse_fetch_v11
 
 pytestmark = pytest.mark.skipif(TARGET != "ferrolog", reason="needs three ferrolog nodes (see test_cluster.py)")
@@ -1121,3 +1121,88 @@ def test_muted_leader_lets_a_lagging_follower_catch_up(netns, tmp_path):
     finally:
         netns.heal()
         c.kill()
+
+
+def preferred_and_leaders(cluster, node_id, topic):
+    """{partition: (preferred replica, leader)} of `topic`, from Metadata at `node_id`."""
+    t = metadata(node_id, cluster, topic).topics[topic]
+    return {i: (p.replicas[0], p.leader) for i, p in t.partitions.items()}
+
+
+def test_preferred_leader_election_moves_leadership_back_under_load(cluster, tmp_path):
+    """ElectLeaders (kafka-leader-election.sh, and librdkafka's elect_leaders): after a kill
+    -9 moved leadership away from a partition's preferred replica, a PREFERRED election
+    hands it back (a Raft leadership transfer) under acks=all load from the Java idempotent
+    producer, which loses nothing; a second election is not needed; UNCLEAN has nothing to
+    do where a leader exists; an unknown partition is UNKNOWN_TOPIC_OR_PARTITION."""
+    from confluent_kafka import KafkaError
+    from confluent_kafka import TopicPartition as TP
+    from confluent_kafka import ElectionType
+
+    topic = "elect"
+    partitions = 3
+    replicated_topic(cluster, topic, partitions)
+    lib = need(CACHE / "java" / "lib" / "ferrolog-client-tests.jar").parent
+    config = tmp_path / "producer.properties"
+    config.write_text("enable.idempotence=true\nacks=all\nretries=2147483647\nmax.in.flight.requests.per.connection=5\n"
+                      "delivery.timeout.ms=120000\nrequest.timeout.ms=10000\n")  # fmt: skip
+    cmd = ["java", "-Xmx512m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",
+           "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn", "-cp", f"{lib}/*",
+           f"{TOOLS}.VerifiableProducer", "--bootstrap-server", cluster.bootstrap(), "--topic", topic,
+           "--max-messages", "20000", "--throughput", "1000", "--acks", "-1",
+           "--producer.config", str(config)]  # fmt: skip
+    out_path = tmp_path / "producer.out"
+    with open(out_path, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True)
+        try:
+            time.sleep(2.0)
+            # The preferred replica of partition 0 leads nothing once killed, and Raft does
+            # not give leadership back when it returns.
+            victim = preferred_and_leaders(cluster, 1, topic)[0][0]
+            cluster.nodes[victim].kill9()
+            survivors = [i for i in IDS if i != victim]
+            wait_until(lambda: leader_of(cluster, topic, 0, survivors[0]) in survivors, "a new leader", timeout_s=15)
+            cluster.nodes[victim].start()
+            wait_until(lambda: all_led(cluster, topic, partitions), "victim back in every ISR", timeout_s=30)
+            before = preferred_and_leaders(cluster, 1, topic)
+            moved = sorted(p for p, (preferred, leader) in before.items() if preferred != leader)
+            assert moved, before
+            elected = java(f"{TOOLS}.LeaderElectionCommand", "--bootstrap-server", cluster.bootstrap(),
+                           "--election-type", "PREFERRED", "--all-topic-partitions").stdout  # fmt: skip
+            assert "Successfully completed leader election (PREFERRED) for partitions" in elected, elected
+            for p in moved:
+                assert f"{topic}-{p}" in elected, elected
+            # Every node's metadata shows each preferred replica leading.
+            for node in IDS:
+                now = preferred_and_leaders(cluster, node, topic)
+                assert all(preferred == leader for preferred, leader in now.values()), (node, now)
+            proc.wait(timeout=150)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    admin = cluster.admin(2)
+    wanted = [TP(topic, p) for p in range(partitions)]
+    for kind in (ElectionType.PREFERRED, ElectionType.UNCLEAN):
+        results = admin.elect_leaders(kind, wanted).result()
+        for tp, err in results.items():
+            assert err is not None and err.code() == KafkaError.ELECTION_NOT_NEEDED, (kind, tp, err)
+    results = admin.elect_leaders(ElectionType.PREFERRED, [TP(topic, 7)]).result()
+    [(tp, err)] = results.items()
+    assert err is not None and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART, err
+    events = [json.loads(line) for line in out_path.read_text().splitlines() if line.startswith("{")]
+    errors = [e for e in events if e["name"] == "producer_send_error"]
+    acked = [e for e in events if e["name"] == "producer_send_success"]
+    assert not errors, f"{len(errors)} sends failed, first: {errors[0]}"
+    assert len(acked) == 20000, f"{len(acked)} of 20000 acknowledged"
+    # Every acknowledged record is in the log exactly once, at its offset, in order.
+    bootstrap = cluster.bootstrap()
+    sent, got = {}, {}
+    for partition in range(partitions):
+        log = read_partition(bootstrap, topic, partition)
+        at = dict(log)
+        mine = sorted((e["offset"], e["value"]) for e in acked if e["partition"] == partition)
+        for offset, value in mine:
+            assert at.get(offset) == value, f"p{partition}@{offset}: acked {value!r}, log has {at.get(offset)!r}"
+        sent[partition] = [v for _, v in mine]
+        got[partition] = [v for _, v in log]
+    check(sent, got)

@@ -44,7 +44,8 @@ use openraft::async_runtime::watch::WatchReceiver;
 use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
+    TransferLeaderResponse, VoteRequest, VoteResponse,
 };
 use openraft::{AsyncRuntime, BasicNode, Raft, Snapshot};
 use tokio::sync::{oneshot, Notify, Semaphore};
@@ -147,6 +148,8 @@ pub struct Transport {
     restarted: RefCell<HashMap<GroupId, std::time::Instant>>,
     /// Groups whose leader here sends its followers nothing (`mute`).
     muted: RefCell<std::collections::HashSet<GroupId>>,
+    /// Groups this node's leader is handing to another replica (`elect`), with the term.
+    handing_over: RefCell<HashMap<GroupId, u64>>,
     forward: RefCell<Option<ForwardHandler>>,
     tasks: Rc<TaskSet>,
 }
@@ -164,6 +167,7 @@ impl Transport {
             followed: RefCell::new(HashMap::new()),
             restarted: RefCell::new(HashMap::new()),
             muted: RefCell::new(std::collections::HashSet::new()),
+            handing_over: RefCell::new(HashMap::new()),
             forward: RefCell::new(None),
             tasks: Rc::new(TaskSet::default()),
         })
@@ -224,6 +228,7 @@ impl Transport {
         self.followed.borrow_mut().remove(&group);
         self.restarted.borrow_mut().remove(&group);
         self.muted.borrow_mut().remove(&group);
+        self.handing_over.borrow_mut().remove(&group);
         self.logs.borrow_mut().remove(&group);
         self.groups.borrow_mut().remove(&group)
     }
@@ -353,6 +358,58 @@ impl Transport {
                 }
                 Ok(stale)
             }
+            Ok(other) => Err(format!("unexpected reply {other:?}")),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Has this node's replica of `group`, if it leads, hand leadership to node `to`;
+    /// whether it led. The handover is asynchronous: openraft stops taking writes, tells
+    /// the group, and `to` runs an election that the others grant even within the lease.
+    pub async fn elect(&self, group: GroupId, to: u64) -> bool {
+        let raft = self.groups.borrow().get(&group).cloned();
+        let Some(raft) = raft else {
+            return false;
+        };
+        let term = {
+            let m = raft.metrics();
+            let m = m.borrow_watched();
+            if m.state != openraft::ServerState::Leader {
+                return false;
+            }
+            m.current_term
+        };
+        if !self.handing_over(group, term) {
+            tracing::info!(group = group.0, term, to, "handing leadership over");
+            self.handing_over.borrow_mut().insert(group, term);
+            if raft.trigger().transfer_leader(to).await.is_err() {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Whether this node's leader of `group` in `term` is handing its leadership over: it
+    /// takes no writes (openraft refuses them) and sends no heartbeats for the rest of the
+    /// term, so should `to` not take over, the followers stop hearing it and elect another.
+    pub fn handing_over(&self, group: GroupId, term: u64) -> bool {
+        self.handing_over.borrow().get(&group) == Some(&term)
+    }
+
+    /// Asks node `node_id` at `addr` to hand its leadership of `group` to node `to`
+    /// (`elect` on that node); whether it led the group.
+    pub async fn elect_on(
+        self: &Rc<Self>,
+        node_id: u64,
+        addr: &str,
+        group: GroupId,
+        to: u64,
+        ttl: Duration,
+    ) -> Result<bool, String> {
+        let peer = self.peer(node_id, addr, group);
+        match peer.call(group, Message::Elect { to }, ttl).await {
+            Ok(Message::ElectReply(led)) => Ok(led),
+            Ok(Message::Failed(why)) => Err(why),
             Ok(other) => Err(format!("unexpected reply {other:?}")),
             Err(e) => Err(e.to_string()),
         }
@@ -577,6 +634,9 @@ impl Transport {
                 None => Message::Failed(format!("no group {} on this node", group.0)),
             };
         }
+        if let Message::Elect { to } = message {
+            return Message::ElectReply(self.elect(group, to).await);
+        }
         if let Message::Forward(payload) = message {
             let handler = self.forward.borrow().clone();
             return match handler {
@@ -617,6 +677,10 @@ impl Transport {
                     Err(e) => Message::Failed(e.to_string()),
                 }
             }
+            Message::TransferLeader(rpc) => match raft.handle_transfer_leader(rpc).await {
+                Ok(reply) => Message::TransferLeaderReply(reply),
+                Err(e) => Message::Failed(e.to_string()),
+            },
             Message::Vote(rpc) => match raft.vote(rpc).await {
                 Ok(reply) => Message::VoteReply(reply),
                 Err(e) => Message::Failed(e.to_string()),
@@ -1070,6 +1134,20 @@ impl RaftNetworkV2<PartitionRaft> for PeerClient {
         match reply {
             Message::SnapshotReply(reply) => Ok(reply),
             Message::Failed(why) => Err(Unreachable::new(&Protocol(why)).into()),
+            other => Err(wrong_reply(other).into()),
+        }
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        rpc: TransferLeaderRequest<PartitionRaft>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<PartitionRaft>, RPCError<PartitionRaft>> {
+        match self
+            .rpc(Message::TransferLeader(rpc), option.hard_ttl())
+            .await?
+        {
+            Message::TransferLeaderReply(reply) => Ok(reply),
             other => Err(wrong_reply(other).into()),
         }
     }

@@ -17,7 +17,8 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use ferrolog_io::batch;
 use openraft::impls::leader_id_std::LeaderId;
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderError,
+    TransferLeaderRequest, TransferLeaderResponse, VoteRequest, VoteResponse,
 };
 use openraft::{SnapshotMeta, StoredMembership};
 
@@ -90,6 +91,17 @@ pub enum Message {
     /// for a log start to reach every replica, as Kafka's DeleteRecords does).
     LogStart,
     LogStartReply(i64),
+    /// openraft's leadership handover, broadcast by a leader that hands its group to
+    /// another replica (`Raft::trigger().transfer_leader`).
+    TransferLeader(TransferLeaderRequest<PartitionRaft>),
+    TransferLeaderReply(TransferLeaderResponse<PartitionRaft>),
+    /// Asks the receiver's replica of the frame's group, if it leads, to hand leadership to
+    /// node `to` (a preferred-leader election, Kafka's ElectLeaders).
+    Elect {
+        to: u64,
+    },
+    /// Whether the receiver led the group and started the handover.
+    ElectReply(bool),
 }
 
 /// A message with its routing: the group it is for and the request it answers.
@@ -136,6 +148,10 @@ const BEAT_REPLY: u8 = 13;
 const PRE_VOTE: u8 = 14;
 const LOG_START: u8 = 15;
 const LOG_START_REPLY: u8 = 16;
+const TRANSFER_LEADER: u8 = 17;
+const TRANSFER_LEADER_REPLY: u8 = 18;
+const ELECT: u8 = 19;
+const ELECT_REPLY: u8 = 20;
 
 /// Appends `frame`, length prefix included, to `out`; a frame over [`FRAME_BYTES_MAX`] is
 /// not appended.
@@ -159,6 +175,10 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) -> Result<(), WireError> {
         Message::BeatReply(_) => BEAT_REPLY,
         Message::LogStart => LOG_START,
         Message::LogStartReply(_) => LOG_START_REPLY,
+        Message::TransferLeader(_) => TRANSFER_LEADER,
+        Message::TransferLeaderReply(_) => TRANSFER_LEADER_REPLY,
+        Message::Elect { .. } => ELECT,
+        Message::ElectReply(_) => ELECT_REPLY,
     };
     out.put_u8(kind);
     out.put_u64(frame.correlation);
@@ -216,6 +236,26 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) -> Result<(), WireError> {
         }
         Message::Ping | Message::Pong | Message::LogStart => {}
         Message::LogStartReply(offset) => out.put_i64(*offset),
+        Message::TransferLeader(rpc) => {
+            put_vote(out, rpc.from_leader());
+            out.put_u64(*rpc.to_node_id());
+            put_log_id(out, rpc.last_log_id());
+        }
+        Message::TransferLeaderReply(reply) => match reply {
+            Ok(()) => out.put_u8(0),
+            Err(TransferLeaderError::VoteChanged { expected, actual }) => {
+                out.put_u8(1);
+                put_vote(out, expected);
+                put_vote(out, actual);
+            }
+            Err(TransferLeaderError::LogNotFlushed { expected, actual }) => {
+                out.put_u8(2);
+                put_log_id(out, expected.as_ref());
+                put_log_id(out, actual.as_ref());
+            }
+        },
+        Message::Elect { to } => out.put_u64(*to),
+        Message::ElectReply(led) => out.put_u8(u8::from(*led)),
         Message::Beat { leader, groups } => {
             out.put_u64(*leader);
             out.put_u32(u32::try_from(groups.len()).expect("group count fits u32"));
@@ -354,6 +394,41 @@ pub fn decode(mut b: Bytes) -> Result<Frame, WireError> {
         LOG_START_REPLY => {
             need(&b, 8)?;
             Message::LogStartReply(b.get_i64())
+        }
+        TRANSFER_LEADER => {
+            let from = get_vote(&mut b)?;
+            need(&b, 8)?;
+            let to = b.get_u64();
+            let last_log_id = get_log_id(&mut b)?;
+            Message::TransferLeader(TransferLeaderRequest::new(from, to, last_log_id))
+        }
+        TRANSFER_LEADER_REPLY => {
+            need(&b, 1)?;
+            Message::TransferLeaderReply(match b.get_u8() {
+                0 => Ok(()),
+                1 => Err(TransferLeaderError::VoteChanged {
+                    expected: get_vote(&mut b)?,
+                    actual: get_vote(&mut b)?,
+                }),
+                2 => Err(TransferLeaderError::LogNotFlushed {
+                    expected: get_log_id(&mut b)?,
+                    actual: get_log_id(&mut b)?,
+                }),
+                tag => {
+                    return Err(WireError::UnknownTag {
+                        what: "transfer leader reply",
+                        tag,
+                    })
+                }
+            })
+        }
+        ELECT => {
+            need(&b, 8)?;
+            Message::Elect { to: b.get_u64() }
+        }
+        ELECT_REPLY => {
+            need(&b, 1)?;
+            Message::ElectReply(b.get_u8() != 0)
         }
         BEAT => {
             need(&b, 8 + 4)?;
@@ -664,6 +739,38 @@ mod tests {
             panic!("not a beat reply")
         };
         assert_eq!(groups, vec![GroupId(5)]);
+        let rpc = TransferLeaderRequest::new(vote(6, 1), 3, Some(id(6, 40)));
+        let Message::TransferLeader(got) = round_trip(Message::TransferLeader(rpc.clone())).message
+        else {
+            panic!("not a transfer")
+        };
+        assert_eq!(got, rpc);
+        for reply in [
+            Ok(()),
+            Err(TransferLeaderError::VoteChanged {
+                expected: vote(6, 1),
+                actual: vote(7, 2),
+            }),
+            Err(TransferLeaderError::LogNotFlushed {
+                expected: Some(id(6, 40)),
+                actual: None,
+            }),
+        ] {
+            let Message::TransferLeaderReply(got) =
+                round_trip(Message::TransferLeaderReply(reply.clone())).message
+            else {
+                panic!("not a transfer reply")
+            };
+            assert_eq!(got, reply);
+        }
+        assert!(matches!(
+            round_trip(Message::Elect { to: 2 }).message,
+            Message::Elect { to: 2 }
+        ));
+        assert!(matches!(
+            round_trip(Message::ElectReply(true)).message,
+            Message::ElectReply(true)
+        ));
     }
 
     #[test]

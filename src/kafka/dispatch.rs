@@ -59,6 +59,7 @@ pub const HANDLERS: &[Handler] = &[
     h(ApiKey::CreatePartitions, 0, 3),
     h(ApiKey::IncrementalAlterConfigs, 0, 1),
     h(ApiKey::DescribeCluster, 0, 2),
+    h(ApiKey::ElectLeaders, 0, 2),
     h(ApiKey::FindCoordinator, 0, 6),
     h(ApiKey::JoinGroup, 0, 9),
     h(ApiKey::SyncGroup, 0, 5),
@@ -307,6 +308,12 @@ pub async fn start(
             )))
         }
         .boxed_local(),
+        RequestKind::ElectLeaders(req) => async move {
+            Reply::Send(respond(ResponseKind::ElectLeaders(
+                handlers::elect_leaders::handle(ctx, req).await,
+            )))
+        }
+        .boxed_local(),
         RequestKind::DescribeCluster(req) => async move {
             Reply::Send(respond(ResponseKind::DescribeCluster(
                 handlers::describe_cluster::handle(ctx, req),
@@ -429,6 +436,7 @@ mod tests {
         (ApiKey::CreatePartitions, 0, 3),
         (ApiKey::IncrementalAlterConfigs, 0, 1),
         (ApiKey::DescribeCluster, 0, 2),
+        (ApiKey::ElectLeaders, 0, 2),
         (ApiKey::FindCoordinator, 0, 6),
         (ApiKey::JoinGroup, 0, 9),
         (ApiKey::SyncGroup, 0, 5),

@@ -168,6 +168,15 @@ impl Replication {
         }
     }
 
+    /// Hands leadership to replica `to` (a preferred-leader election); whether this replica
+    /// led and started the handover. A local partition has no other replica.
+    pub async fn hand_over(&self, to: i32) -> bool {
+        match self {
+            Replication::Local(_) => false,
+            Replication::Raft(r) => r.hand_over(to).await,
+        }
+    }
+
     /// HW: the offset after the last committed batch.
     pub fn high_watermark(&self) -> i64 {
         match self {

@@ -576,13 +576,23 @@ impl Replica {
         leader.map(|l| l as i32)
     }
 
-    /// Leads and has applied every entry of earlier terms, so its HW covers everything
-    /// committed: only then does it serve produce and fetch.
+    /// Leads, is not handing its leadership over (`hand_over`), and has applied every entry
+    /// of earlier terms, so its HW covers everything committed: only then does it serve
+    /// produce and fetch.
     pub fn is_leader(&self) -> bool {
         let m = self.raft.metrics();
         let m = m.borrow_watched();
         m.current_leader == Some(self.node_id)
             && m.last_applied.map(|l| l.leader_id.term) == Some(m.current_term)
+            && !self.transport.handing_over(self.group, m.current_term)
+    }
+
+    /// Hands this replica's leadership to node `to` (a preferred-leader election), if it
+    /// leads; whether it did (`Transport::elect`, also what a peer's ask runs). From then on
+    /// `tend` neither quiets the group nor names it in beats: should `to` not take over, the
+    /// followers hear nothing more from this leader and elect another.
+    pub async fn hand_over(&self, to: i32) -> bool {
+        self.transport.elect(self.group, to as u64).await
     }
 
     /// Makes sure this replica may answer reads: it leads (`is_leader`), its Raft core runs,
@@ -1024,7 +1034,9 @@ impl Replica {
         let m = self.raft.metrics();
         let m = m.borrow_watched();
         let muted = self.check_quorum(&m, settling);
-        let leading = m.state == openraft::ServerState::Leader && !muted;
+        let leading = m.state == openraft::ServerState::Leader
+            && !muted
+            && !self.transport.handing_over(self.group, m.current_term);
         let quiet = if settling {
             self.calm.set(None);
             self.quiet.get()

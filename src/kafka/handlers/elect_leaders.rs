@@ -1,0 +1,207 @@
+//! ElectLeaders (API 43): move partitions' leadership back to their preferred replica (the
+//! first of the assignment), as `kafka-leader-election.sh` asks.
+//!
+//! A partition's leader is whoever its Raft group elected, so a preferred election is a
+//! Raft leadership transfer: the node that takes the request asks the current leader (on
+//! itself, or on a peer over the Raft transport) to hand the group to the preferred
+//! replica, and answers once the metadata shows that replica leading, or REQUEST_TIMED_OUT
+//! after `timeout_ms` (at most `WAIT_MAX`, so the answer comes before the client gives up).
+//! Kafka's controller answers once it has recorded the new leader, which its brokers then
+//! take up; here the leader moves first and the metadata follows, so the wait covers both. The handover is openraft's: the leader stops taking writes, and the
+//! preferred replica, once its log is as long as the leader's, stands for election with a
+//! vote the others grant although the old leader's lease runs. Raft elects only a replica
+//! with every committed entry, so there is no unclean election: a partition with a leader
+//! needs none, one without a leader has no eligible replica.
+//!
+//! As in Kafka, a request for every partition (a null list) leaves out those that needed no
+//! election, and an unknown election type is INVALID_REQUEST for all.
+
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use kafka_protocol::messages::elect_leaders_response::{PartitionResult, ReplicaElectionResult};
+use kafka_protocol::messages::{ElectLeadersRequest, ElectLeadersResponse, TopicName};
+use kafka_protocol::protocol::StrBytes;
+
+use crate::errors::BrokerError;
+use crate::kafka::RequestContext;
+use crate::metadata::LeaderRecord;
+use crate::types::TopicPartition;
+
+/// Kafka's `ElectionType`: 0 PREFERRED, 1 UNCLEAN.
+const PREFERRED: i8 = 0;
+const UNCLEAN: i8 = 1;
+/// The longest an election is waited for (kafka-leader-election.sh's requests time out after
+/// 15 s).
+const WAIT_MAX: Duration = Duration::from_secs(10);
+/// How often the metadata is looked at while a handover runs.
+const POLL: Duration = Duration::from_millis(50);
+/// How long a peer gets to answer an ask to hand over.
+const ASK_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub async fn handle(ctx: Rc<RequestContext>, req: ElectLeadersRequest) -> ElectLeadersResponse {
+    let wait = Duration::from_millis(req.timeout_ms.max(0) as u64).min(WAIT_MAX);
+    let deadline = Instant::now() + wait;
+    let unclean = req.election_type == UNCLEAN;
+    let unknown_type = !matches!(req.election_type, PREFERRED | UNCLEAN);
+    let every_partition = req.topic_partitions.is_none();
+    let image = ctx.shard.image();
+    // No list means every partition of the cluster.
+    let wanted: Vec<(TopicName, Vec<i32>)> = match req.topic_partitions {
+        Some(topics) => topics
+            .into_iter()
+            .map(|t| (t.topic, t.partitions))
+            .collect(),
+        None => image
+            .topics
+            .values()
+            .map(|t| {
+                let name = TopicName(StrBytes::from_string(t.name.clone()));
+                (name, (0..t.partitions).collect())
+            })
+            .collect(),
+    };
+    let everything = wanted.iter().map(|(topic, partitions)| {
+        let ctx = ctx.clone();
+        async move {
+            let elections = partitions.iter().map(|&p| {
+                let tp = TopicPartition {
+                    topic: topic.0.to_string(),
+                    partition: p,
+                };
+                let ctx = ctx.clone();
+                async move {
+                    let result = PartitionResult::default().with_partition_id(p);
+                    let elected = if unknown_type {
+                        Err(BrokerError::InvalidRequest(
+                            "Unknown election type".to_string(),
+                        ))
+                    } else {
+                        elect(&ctx, tp, unclean, deadline).await
+                    };
+                    match elected {
+                        Ok(()) => Some(result),
+                        Err(BrokerError::ElectionNotNeeded) if every_partition => None,
+                        Err(e) => Some(
+                            result
+                                .with_error_code(e.code())
+                                .with_error_message(Some(StrBytes::from_string(e.to_string()))),
+                        ),
+                    }
+                }
+            });
+            let results = futures::future::join_all(elections).await;
+            ReplicaElectionResult::default()
+                .with_topic(topic.clone())
+                .with_partition_result(results.into_iter().flatten().collect())
+        }
+    });
+    let error_code = if unknown_type {
+        BrokerError::InvalidRequest(String::new()).code()
+    } else {
+        0
+    };
+    ElectLeadersResponse::default()
+        .with_error_code(error_code)
+        .with_replica_election_results(futures::future::join_all(everything).await)
+}
+
+/// Elects `tp`'s preferred replica, as the module says.
+async fn elect(
+    ctx: &RequestContext,
+    tp: TopicPartition,
+    unclean: bool,
+    deadline: Instant,
+) -> Result<(), BrokerError> {
+    // The leader asked to hand over, in the epoch it was asked in.
+    let mut asked: Option<(i32, i32)> = None;
+    loop {
+        let image = ctx.shard.image();
+        let meta = image
+            .topic(&tp.topic)
+            .ok_or(BrokerError::UnknownTopicOrPartition)?;
+        let replicas = meta
+            .replicas
+            .get(usize::try_from(tp.partition).map_err(|_| BrokerError::UnknownTopicOrPartition)?)
+            .ok_or(BrokerError::UnknownTopicOrPartition)?;
+        let leadership = meta.leadership(tp.partition, &image);
+        if unclean {
+            return match leadership {
+                Some(_) => Err(BrokerError::ElectionNotNeeded),
+                None => Err(BrokerError::EligibleLeadersNotAvailable(format!(
+                    "{tp} has no leader, and Raft elects one only from a quorum of replicas \
+                     with every committed record: there is no unclean election"
+                ))),
+            };
+        }
+        let preferred = replicas[0];
+        let eligible = |l: &LeaderRecord| {
+            l.isr.contains(&preferred) && image.brokers.get(&preferred).is_some_and(|b| !b.fenced)
+        };
+        match leadership {
+            Some(l) if l.leader == preferred => {
+                return match asked {
+                    Some(_) => Ok(()),
+                    None => Err(BrokerError::ElectionNotNeeded),
+                };
+            }
+            Some(l) if eligible(&l) => {
+                if asked != Some((l.leader, l.epoch)) {
+                    asked = Some((l.leader, l.epoch));
+                    ask_to_hand_over(ctx, &tp, meta.raft_group(tp.partition), l.leader, preferred)
+                        .await;
+                }
+            }
+            // Between two leaders, or a leader that has yet to report the preferred replica
+            // in sync again, while a handover runs.
+            _ if asked.is_some() => {}
+            _ => {
+                return Err(BrokerError::PreferredLeaderNotAvailable(format!(
+                    "Failed to elect leader for partition {tp}: the preferred replica {preferred} \
+                     is not live and in sync"
+                )))
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(BrokerError::RequestTimedOut(format!(
+                "the preferred replica {preferred} of {tp} did not take over in time"
+            )));
+        }
+        glommio::timer::sleep(POLL).await;
+    }
+}
+
+/// Asks node `leader` to hand `tp`'s group to `to`. What it answers does not matter: the
+/// caller watches the metadata, and asks the next leader should leadership move elsewhere.
+async fn ask_to_hand_over(
+    ctx: &RequestContext,
+    tp: &TopicPartition,
+    group: ferrolog_raft::wire::GroupId,
+    leader: i32,
+    to: i32,
+) {
+    let shard = &ctx.shard;
+    let led = if leader == shard.config.node_id {
+        let ask = shard.on_partition(tp.clone(), move |part| {
+            async move { Ok(part.replication.hand_over(to).await) }.boxed_local()
+        });
+        ask.await.unwrap_or(false)
+    } else {
+        match shard.config.voters.get(&leader) {
+            Some(addr) => shard
+                .raft_transport
+                .elect_on(
+                    leader as u64,
+                    &addr.to_string(),
+                    group,
+                    to as u64,
+                    ASK_TIMEOUT,
+                )
+                .await
+                .unwrap_or(false),
+            None => false,
+        }
+    };
+    tracing::info!(%tp, leader, to, led, "preferred leader election");
+}

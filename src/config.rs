@@ -55,6 +55,11 @@ pub struct BrokerConfig {
     /// `broker.session.timeout.ms` (default 9000): a node the controller has not heard from
     /// for this long is fenced, and leaves Metadata until it is back.
     pub broker_session_timeout_ms: i64,
+    /// `auto.leader.rebalance.enable` (default true) and
+    /// `leader.imbalance.check.interval.seconds` (default 300): how often the controller
+    /// leader moves partitions back to their preferred replicas (`replication::preferred`).
+    pub auto_leader_rebalance: bool,
+    pub leader_imbalance_check_interval_s: u64,
 }
 
 /// The group coordinator's configs, with Kafka 4.1's names and defaults.
@@ -521,6 +526,8 @@ const IGNORED_BROKER_KEYS: &[&str] = &[
     "log.cleaner.enable",
     "broker.rack",
     "zookeeper.connect",
+    // Kafka's KRaft controller ignores it too: it balances whenever any leader is off.
+    "leader.imbalance.per.broker.percentage",
 ];
 
 impl Default for BrokerConfig {
@@ -546,6 +553,8 @@ impl Default for BrokerConfig {
             group: GroupConfig::default(),
             voters: BTreeMap::new(),
             replica_lag_time_max_ms: 30_000,
+            auto_leader_rebalance: true,
+            leader_imbalance_check_interval_s: 300,
             broker_session_timeout_ms: 9000,
         }
     }
@@ -799,6 +808,10 @@ impl BrokerConfig {
                 }
                 "broker.session.timeout.ms" => {
                     self.broker_session_timeout_ms = int(1, i64::from(i32::MAX))?;
+                }
+                "auto.leader.rebalance.enable" => self.auto_leader_rebalance = boolean()?,
+                "leader.imbalance.check.interval.seconds" => {
+                    self.leader_imbalance_check_interval_s = int(1, i64::from(i32::MAX))? as u64;
                 }
                 k if IGNORED_BROKER_KEYS.contains(&k) => {
                     tracing::warn!(

@@ -728,6 +728,12 @@ async fn shard_main(
         None
     };
     wait_ready(ready_rx, quorum).await?;
+    if id.0 == 0 && shard.config.auto_leader_rebalance {
+        let interval = Duration::from_secs(shard.config.leader_imbalance_check_interval_s);
+        let balance =
+            crate::replication::preferred::balance_leaders(Rc::downgrade(&shard), interval);
+        glommio::spawn_local(balance).detach();
+    }
     glommio::spawn_local(shard.clone().retention_loop()).detach();
     glommio::spawn_local(group::tick_loop(shard.clone())).detach();
     glommio::spawn_local(shutdown_watch(shard.clone())).detach();

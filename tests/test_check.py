@@ -211,7 +211,7 @@ def test_a_short_run_under_every_fault_finds_no_anomaly():
     """The README's command, as written, from the repository root: 3 minutes of the queue workload
     on 3 ferrolog nodes (in network namespaces, each on a file system of its own) under one round
     of every fault: kill, kill of a leader restarted at once, pause, restart, full, one-way and
-    bridge partitions, a failed disk and a full one."""
+    bridge partitions, a leader move, a failed disk and a full one."""
     # On a timeout, SIGTERM: the harness tears its cluster down and still writes its report.
     proc = subprocess.Popen(["scripts/ferrolog-check", "--seconds", "180", "--seed", "7"],
                             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip

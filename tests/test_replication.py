@@ -1206,3 +1206,34 @@ def test_preferred_leader_election_moves_leadership_back_under_load(cluster, tmp
         sent[partition] = [v for _, v in mine]
         got[partition] = [v for _, v in log]
     check(sent, got)
+
+
+def test_leadership_returns_to_preferred_replicas_by_itself(tmp_path):
+    """Kafka's automatic leader balancing (auto.leader.rebalance.enable, on by default;
+    leader.imbalance.check.interval.seconds, 2 s here instead of 300): after a kill -9 moved
+    leadership off a node that comes back, the controller moves it back with no one asking,
+    and nothing written around the moves is lost."""
+    c = Cluster(tmp_path, extra={"replica.lag.time.max.ms": LAG_MS, "leader.imbalance.check.interval.seconds": 2})
+    try:
+        started(c)
+        topic = "balance"
+        partitions = 3
+        replicated_topic(c, topic, partitions)
+        sent = produce(c.bootstrap(), topic, partitions, 90, "a")
+        victim = preferred_and_leaders(c, 1, topic)[0][0]
+        c.nodes[victim].kill9()
+        survivors = [i for i in IDS if i != victim]
+        wait_until(lambda: leader_of(c, topic, 0, survivors[0]) in survivors, "a new leader", timeout_s=15)
+        more = produce(c.bootstrap(*survivors), topic, partitions, 90, "b")
+        c.nodes[victim].start()
+
+        def balanced():
+            now = preferred_and_leaders(c, survivors[0], topic)
+            return all(preferred == leader for preferred, leader in now.values())
+
+        wait_until(balanced, "every preferred replica leading again", timeout_s=40)
+        last = produce(c.bootstrap(), topic, partitions, 90, "c")
+        got = {p: [v for _, v in read_partition(c.bootstrap(), topic, p)] for p in range(partitions)}
+        check({p: sent[p] + more[p] + last[p] for p in range(partitions)}, got)
+    finally:
+        c.kill()

@@ -52,7 +52,7 @@ use tokio::sync::{oneshot, Notify, Semaphore};
 
 use crate::state_machine::{NextOffset, PartitionStateMachine};
 use crate::store::Vote;
-use crate::wire::{self, Frame, GroupId, Message, Meta};
+use crate::wire::{self, Frame, GroupId, Handover, Message, Meta};
 use crate::{GlommioRuntime, PartitionRaft};
 
 /// A partition group's Raft handle.
@@ -73,6 +73,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// openraft's 3.5 s lease anyway. A leader's lease for reads (the broker's `READ_LEASE`) is
 /// shorter, so no other leader is elected while it serves them.
 pub const PRE_VOTE_GUARD: Duration = Duration::from_secs(3);
+/// How long a leader handing its group over (`Transport::elect`) waits, taking no writes,
+/// for the new leader to hold its whole log.
+const CATCH_UP_MAX: Duration = Duration::from_secs(1);
+const CATCH_UP_POLL: Duration = Duration::from_millis(5);
 
 /// A message the wire does not carry in that direction, or a reply of the wrong kind.
 #[derive(Debug, thiserror::Error)]
@@ -363,41 +367,74 @@ impl Transport {
         }
     }
 
-    /// Has this node's replica of `group`, if it leads, hand leadership to node `to`;
-    /// whether it led. The handover is asynchronous: openraft stops taking writes, tells
-    /// the group, and `to` runs an election that the others grant even within the lease.
-    pub async fn elect(&self, group: GroupId, to: u64) -> bool {
+    /// Has this node's replica of `group`, if it leads, hand leadership to node `to`. First
+    /// it stops taking writes (`handing_over`) and waits up to `CATCH_UP_MAX` for `to` to
+    /// hold its whole log; only then does openraft's transfer start, which cannot be undone
+    /// for the term (openraft refuses writes and sends no heartbeats from then on, and `to`
+    /// stands for election with a vote the others grant although the lease runs). A `to`
+    /// still behind by then is `Behind`, and this leader takes writes again: handing over to
+    /// a replica that cannot campaign at once would leave the group unwritable until the
+    /// followers' election timeout.
+    pub async fn elect(&self, group: GroupId, to: u64) -> Handover {
         let raft = self.groups.borrow().get(&group).cloned();
         let Some(raft) = raft else {
-            return false;
+            return Handover::NotLeader;
         };
-        let term = {
+        let leading = |raft: &GroupRaft| {
             let m = raft.metrics();
             let m = m.borrow_watched();
-            if m.state != openraft::ServerState::Leader {
-                return false;
-            }
-            m.current_term
+            (m.state == openraft::ServerState::Leader).then_some(m.current_term)
         };
-        if !self.handing_over(group, term) {
-            tracing::info!(group = group.0, term, to, "handing leadership over");
-            self.handing_over.borrow_mut().insert(group, term);
-            if raft.trigger().transfer_leader(to).await.is_err() {
-                return false;
-            }
+        let Some(term) = leading(&raft) else {
+            return Handover::NotLeader;
+        };
+        if self.handing_over(group, term) {
+            return Handover::Started;
         }
-        true
+        self.handing_over.borrow_mut().insert(group, term);
+        let deadline = std::time::Instant::now() + CATCH_UP_MAX;
+        loop {
+            if leading(&raft) != Some(term) {
+                return Handover::NotLeader;
+            }
+            let caught_up = {
+                let m = raft.metrics();
+                let m = m.borrow_watched();
+                let matched = m.replication.as_ref().and_then(|r| r.get(&to)).cloned();
+                matched.is_some_and(|l| l.map(|l| l.index) == m.last_log_index)
+            };
+            if caught_up {
+                break;
+            }
+            if std::time::Instant::now() >= deadline {
+                self.handing_over.borrow_mut().remove(&group);
+                tracing::info!(
+                    group = group.0,
+                    term,
+                    to,
+                    "handover abandoned: the new leader did not catch up"
+                );
+                return Handover::Behind;
+            }
+            glommio::timer::sleep(CATCH_UP_POLL).await;
+        }
+        tracing::info!(group = group.0, term, to, "handing leadership over");
+        match raft.trigger().transfer_leader(to).await {
+            Ok(()) => Handover::Started,
+            Err(_) => Handover::NotLeader, // the core stopped
+        }
     }
 
-    /// Whether this node's leader of `group` in `term` is handing its leadership over: it
-    /// takes no writes (openraft refuses them) and sends no heartbeats for the rest of the
-    /// term, so should `to` not take over, the followers stop hearing it and elect another.
+    /// Whether this node's leader of `group` in `term` is handing its leadership over
+    /// (`elect`): it takes no writes and serves no reads for the rest of the term, unless
+    /// the handover is abandoned first; once openraft's transfer started, should `to` not
+    /// take over, the followers hear nothing more from it and elect another.
     pub fn handing_over(&self, group: GroupId, term: u64) -> bool {
         self.handing_over.borrow().get(&group) == Some(&term)
     }
 
     /// Asks node `node_id` at `addr` to hand its leadership of `group` to node `to`
-    /// (`elect` on that node); whether it led the group.
+    /// (`elect` on that node).
     pub async fn elect_on(
         self: &Rc<Self>,
         node_id: u64,
@@ -405,10 +442,10 @@ impl Transport {
         group: GroupId,
         to: u64,
         ttl: Duration,
-    ) -> Result<bool, String> {
+    ) -> Result<Handover, String> {
         let peer = self.peer(node_id, addr, group);
         match peer.call(group, Message::Elect { to }, ttl).await {
-            Ok(Message::ElectReply(led)) => Ok(led),
+            Ok(Message::ElectReply(handover)) => Ok(handover),
             Ok(Message::Failed(why)) => Err(why),
             Ok(other) => Err(format!("unexpected reply {other:?}")),
             Err(e) => Err(e.to_string()),

@@ -100,8 +100,20 @@ pub enum Message {
     Elect {
         to: u64,
     },
-    /// Whether the receiver led the group and started the handover.
-    ElectReply(bool),
+    /// What came of an `Elect`.
+    ElectReply(Handover),
+}
+
+/// What a leader asked to hand its group over did (`Transport::elect`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handover {
+    /// The handover runs: the new leader stands for election with the whole log.
+    Started,
+    /// The receiver does not lead the group (any more).
+    NotLeader,
+    /// The replica to take over did not catch up with the leader's log in time; the leader
+    /// leads on.
+    Behind,
 }
 
 /// A message with its routing: the group it is for and the request it answers.
@@ -255,7 +267,11 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) -> Result<(), WireError> {
             }
         },
         Message::Elect { to } => out.put_u64(*to),
-        Message::ElectReply(led) => out.put_u8(u8::from(*led)),
+        Message::ElectReply(handover) => out.put_u8(match handover {
+            Handover::Started => 0,
+            Handover::NotLeader => 1,
+            Handover::Behind => 2,
+        }),
         Message::Beat { leader, groups } => {
             out.put_u64(*leader);
             out.put_u32(u32::try_from(groups.len()).expect("group count fits u32"));
@@ -428,7 +444,17 @@ pub fn decode(mut b: Bytes) -> Result<Frame, WireError> {
         }
         ELECT_REPLY => {
             need(&b, 1)?;
-            Message::ElectReply(b.get_u8() != 0)
+            Message::ElectReply(match b.get_u8() {
+                0 => Handover::Started,
+                1 => Handover::NotLeader,
+                2 => Handover::Behind,
+                tag => {
+                    return Err(WireError::UnknownTag {
+                        what: "elect reply",
+                        tag,
+                    })
+                }
+            })
         }
         BEAT => {
             need(&b, 8 + 4)?;
@@ -767,10 +793,12 @@ mod tests {
             round_trip(Message::Elect { to: 2 }).message,
             Message::Elect { to: 2 }
         ));
-        assert!(matches!(
-            round_trip(Message::ElectReply(true)).message,
-            Message::ElectReply(true)
-        ));
+        for handover in [Handover::Started, Handover::NotLeader, Handover::Behind] {
+            let Message::ElectReply(got) = round_trip(Message::ElectReply(handover)).message else {
+                panic!("not an elect reply")
+            };
+            assert_eq!(got, handover);
+        }
     }
 
     #[test]

@@ -14,6 +14,10 @@ has had each of them.
   is dropped; TCP acknowledgements pass); they still hear it.
 - partition-bridge: two groups of nodes that do not hear each other, and one node that
   hears and is heard by both.
+- leader-move: a preferred-replica election (ElectLeaders, as kafka-leader-election.sh
+  sends) of every partition whose leader is not its first replica, so leadership moves
+  under load without a crash (the faults before it leave leaders away from where they
+  started; Apache Kafka also moves them back by itself every 5 minutes).
 - disk-error: a node's file system fails as after a disk error (ext4 aborts its journal
   and turns read-only: every later write and fsync fails, nothing written after the abort
   reaches the disk); when the fault ends the node is killed, its file system checked and mounted
@@ -30,9 +34,11 @@ import random
 import threading
 import time
 
+from confluent_kafka import ElectionType, TopicPartition
+
 
 KINDS = ("kill", "kill-leader", "pause", "restart", "partition", "partition-oneway", "partition-bridge",
-         "disk-error", "disk-full")  # fmt: skip
+         "leader-move", "disk-error", "disk-full")  # fmt: skip
 DISK_KINDS = ("disk-error", "disk-full")
 RECOVER_S = 60
 
@@ -185,6 +191,24 @@ class Nemesis(threading.Thread):
                 self.cluster.net.block(x, y)
                 self.cluster.net.block(y, x)
         return self.cluster.net.heal
+
+    def start_leader_move(self, fault):
+        """Elects the preferred replica of every partition led elsewhere; `fault["moved"]`
+        says per partition what the election answered (None: it moved)."""
+        md = self.cluster.admin().list_topics(self.topic, timeout=5)
+        parts = md.topics[self.topic].partitions
+        away = sorted(i for i, p in parts.items() if p.replicas and p.leader != p.replicas[0])
+        fault["nodes"] = sorted({parts[i].replicas[0] for i in away})
+        fault["moved"] = {}
+        if away:
+            wanted = [TopicPartition(self.topic, i) for i in away]
+            try:
+                # No timeout arguments: confluent-kafka 2.16 fails to parse them.
+                results = self.cluster.admin().elect_leaders(ElectionType.PREFERRED, wanted).result(timeout=60)
+                fault["moved"] = {tp.partition: (None if err is None else err.name()) for tp, err in results.items()}
+            except Exception as err:  # the whole request failed: noted, not an anomaly
+                fault["moved"] = {i: str(err) for i in away}
+        return None
 
     def start_disk_error(self, fault):
         return self.break_disk(fault, lambda disk: disk.fail())

@@ -8,6 +8,7 @@ from pathlib import Path
 COLORS = {
     "kill": "#f4a3a3", "kill-leader": "#e06666", "pause": "#a4c2f4", "restart": "#f9cb9c",
     "partition": "#b6d7a8", "partition-oneway": "#d9ead3", "partition-bridge": "#93c47d",
+    "leader-move": "#b4a7d6",
 }  # fmt: skip
 
 
@@ -61,6 +62,12 @@ def fault_nodes(f):
     if f["kind"] == "kill-leader":
         led = f.get("leader_of")
         return f"{f['nodes']}, " + (f"leader of partition {led}" if led is not None else "leader unknown: a random node")
+    if f["kind"] == "leader-move":
+        moved = f.get("moved") or {}
+        if not moved:
+            return "every partition led by its preferred replica: nothing to move"
+        said = ", ".join(f"{p}: {'moved' if why is None else why}" for p, why in sorted(moved.items()))
+        return f"to preferred replicas {f['nodes']} ({said})"
     return str(f["nodes"])
 
 

@@ -17,6 +17,7 @@
 
 pub mod local;
 pub mod peers;
+pub mod preferred;
 pub mod raft;
 
 use std::cell::RefCell;
@@ -26,6 +27,7 @@ use std::rc::Rc;
 use bytes::BytesMut;
 use ferrolog_io::batch::BatchHeader;
 use ferrolog_io::{Log, LogConfig, LogError};
+use ferrolog_raft::wire::Handover;
 use futures::future::LocalBoxFuture;
 
 use crate::config::TopicSettings;
@@ -168,11 +170,11 @@ impl Replication {
         }
     }
 
-    /// Hands leadership to replica `to` (a preferred-leader election); whether this replica
-    /// led and started the handover. A local partition has no other replica.
-    pub async fn hand_over(&self, to: i32) -> bool {
+    /// Hands leadership to replica `to` (a preferred-leader election). A local partition has
+    /// no other replica.
+    pub async fn hand_over(&self, to: i32) -> Handover {
         match self {
-            Replication::Local(_) => false,
+            Replication::Local(_) => Handover::NotLeader,
             Replication::Raft(r) => r.hand_over(to).await,
         }
     }

@@ -49,7 +49,7 @@ use ferrolog_raft::entry::{self, Batch};
 use ferrolog_raft::network::{GroupRaft, Transport, PRE_VOTE_GUARD};
 use ferrolog_raft::state_machine::{Applied, NextOffset, PartitionStateMachine};
 use ferrolog_raft::store::{LogStore, StoreView};
-use ferrolog_raft::wire::GroupId;
+use ferrolog_raft::wire::{GroupId, Handover};
 use ferrolog_raft::{openraft, GlommioRuntime};
 use futures::future::LocalBoxFuture;
 use futures::FutureExt;
@@ -588,10 +588,10 @@ impl Replica {
     }
 
     /// Hands this replica's leadership to node `to` (a preferred-leader election), if it
-    /// leads; whether it did (`Transport::elect`, also what a peer's ask runs). From then on
-    /// `tend` neither quiets the group nor names it in beats: should `to` not take over, the
+    /// leads (`Transport::elect`, also what a peer's ask runs). While it hands over, `tend`
+    /// neither quiets the group nor names it in beats: should `to` not take over, the
     /// followers hear nothing more from this leader and elect another.
-    pub async fn hand_over(&self, to: i32) -> bool {
+    pub async fn hand_over(&self, to: i32) -> Handover {
         self.transport.elect(self.group, to as u64).await
     }
 

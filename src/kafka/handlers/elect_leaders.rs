@@ -2,9 +2,9 @@
 //! first of the assignment), as `kafka-leader-election.sh` asks.
 //!
 //! A partition's leader is whoever its Raft group elected, so a preferred election is a
-//! Raft leadership transfer: the node that takes the request asks the current leader (on
-//! itself, or on a peer over the Raft transport) to hand the group to the preferred
-//! replica, and answers once the metadata shows that replica leading, or REQUEST_TIMED_OUT
+//! Raft leadership transfer (`replication::preferred`): the node that takes the request
+//! asks the current leader (on itself, or on a peer over the Raft transport) to hand the
+//! group to the preferred replica, and answers once the metadata shows that replica leading, or REQUEST_TIMED_OUT
 //! after `timeout_ms` (at most `WAIT_MAX`, so the answer comes before the client gives up).
 //! Kafka's controller answers once it has recorded the new leader, which its brokers then
 //! take up; here the leader moves first and the metadata follows, so the wait covers both. The handover is openraft's: the leader stops taking writes, and the
@@ -19,14 +19,15 @@
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use futures::FutureExt;
 use kafka_protocol::messages::elect_leaders_response::{PartitionResult, ReplicaElectionResult};
 use kafka_protocol::messages::{ElectLeadersRequest, ElectLeadersResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
 
+use ferrolog_raft::wire::Handover;
+
 use crate::errors::BrokerError;
 use crate::kafka::RequestContext;
-use crate::metadata::LeaderRecord;
+use crate::replication::preferred::{ask_to_hand_over, preferred_eligible};
 use crate::types::TopicPartition;
 
 /// Kafka's `ElectionType`: 0 PREFERRED, 1 UNCLEAN.
@@ -37,8 +38,9 @@ const UNCLEAN: i8 = 1;
 const WAIT_MAX: Duration = Duration::from_secs(10);
 /// How often the metadata is looked at while a handover runs.
 const POLL: Duration = Duration::from_millis(50);
-/// How long a peer gets to answer an ask to hand over.
-const ASK_TIMEOUT: Duration = Duration::from_secs(2);
+/// How soon a leader that did not take an ask (it does not lead, or did not answer) is
+/// asked again.
+const REASK_AFTER: Duration = Duration::from_millis(500);
 
 pub async fn handle(ctx: Rc<RequestContext>, req: ElectLeadersRequest) -> ElectLeadersResponse {
     let wait = Duration::from_millis(req.timeout_ms.max(0) as u64).min(WAIT_MAX);
@@ -107,23 +109,24 @@ pub async fn handle(ctx: Rc<RequestContext>, req: ElectLeadersRequest) -> ElectL
         .with_replica_election_results(futures::future::join_all(everything).await)
 }
 
-/// Elects `tp`'s preferred replica, as the module says.
+/// Elects `tp`'s preferred replica, as the module says. The leader is asked once; again
+/// only if it answered that it does not lead (the metadata was behind) or did not answer.
 async fn elect(
     ctx: &RequestContext,
     tp: TopicPartition,
     unclean: bool,
     deadline: Instant,
 ) -> Result<(), BrokerError> {
-    // The leader asked to hand over, in the epoch it was asked in.
-    let mut asked: Option<(i32, i32)> = None;
+    let mut started = false;
+    let mut asked_at: Option<Instant> = None;
     loop {
         let image = ctx.shard.image();
         let meta = image
             .topic(&tp.topic)
             .ok_or(BrokerError::UnknownTopicOrPartition)?;
-        let replicas = meta
-            .replicas
-            .get(usize::try_from(tp.partition).map_err(|_| BrokerError::UnknownTopicOrPartition)?)
+        let replicas = usize::try_from(tp.partition)
+            .ok()
+            .and_then(|p| meta.replicas.get(p))
             .ok_or(BrokerError::UnknownTopicOrPartition)?;
         let leadership = meta.leadership(tp.partition, &image);
         if unclean {
@@ -136,31 +139,41 @@ async fn elect(
             };
         }
         let preferred = replicas[0];
-        let eligible = |l: &LeaderRecord| {
-            l.isr.contains(&preferred) && image.brokers.get(&preferred).is_some_and(|b| !b.fenced)
-        };
         match leadership {
             Some(l) if l.leader == preferred => {
-                return match asked {
-                    Some(_) => Ok(()),
-                    None => Err(BrokerError::ElectionNotNeeded),
+                return match started {
+                    true => Ok(()),
+                    false => Err(BrokerError::ElectionNotNeeded),
                 };
             }
-            Some(l) if eligible(&l) => {
-                if asked != Some((l.leader, l.epoch)) {
-                    asked = Some((l.leader, l.epoch));
-                    ask_to_hand_over(ctx, &tp, meta.raft_group(tp.partition), l.leader, preferred)
-                        .await;
-                }
-            }
-            // Between two leaders, or a leader that has yet to report the preferred replica
-            // in sync again, while a handover runs.
-            _ if asked.is_some() => {}
-            _ => {
+            // Between two leaders, or a new leader yet to report: the handover runs.
+            _ if started => {}
+            None => {
                 return Err(BrokerError::PreferredLeaderNotAvailable(format!(
-                    "Failed to elect leader for partition {tp}: the preferred replica {preferred} \
-                     is not live and in sync"
+                    "{tp} has no leader at the moment: its replicas are electing one"
                 )))
+            }
+            Some(l) if preferred_eligible(meta, tp.partition, &l, &image).is_none() => {
+                return Err(BrokerError::PreferredLeaderNotAvailable(format!(
+                    "the preferred replica {preferred} of {tp} is not live and in sync"
+                )))
+            }
+            Some(l) => {
+                if asked_at.is_none_or(|t| t.elapsed() >= REASK_AFTER) {
+                    asked_at = Some(Instant::now());
+                    let group = meta.raft_group(tp.partition);
+                    match ask_to_hand_over(&ctx.shard, &tp, group, l.leader, preferred).await {
+                        Handover::Started => started = true,
+                        Handover::NotLeader => {}
+                        Handover::Behind => {
+                            return Err(BrokerError::PreferredLeaderNotAvailable(format!(
+                                "the preferred replica {preferred} of {tp} did not catch up \
+                                 with its leader {} in time",
+                                l.leader
+                            )))
+                        }
+                    }
+                }
             }
         }
         if Instant::now() >= deadline {
@@ -170,38 +183,4 @@ async fn elect(
         }
         glommio::timer::sleep(POLL).await;
     }
-}
-
-/// Asks node `leader` to hand `tp`'s group to `to`. What it answers does not matter: the
-/// caller watches the metadata, and asks the next leader should leadership move elsewhere.
-async fn ask_to_hand_over(
-    ctx: &RequestContext,
-    tp: &TopicPartition,
-    group: ferrolog_raft::wire::GroupId,
-    leader: i32,
-    to: i32,
-) {
-    let shard = &ctx.shard;
-    let led = if leader == shard.config.node_id {
-        let ask = shard.on_partition(tp.clone(), move |part| {
-            async move { Ok(part.replication.hand_over(to).await) }.boxed_local()
-        });
-        ask.await.unwrap_or(false)
-    } else {
-        match shard.config.voters.get(&leader) {
-            Some(addr) => shard
-                .raft_transport
-                .elect_on(
-                    leader as u64,
-                    &addr.to_string(),
-                    group,
-                    to as u64,
-                    ASK_TIMEOUT,
-                )
-                .await
-                .unwrap_or(false),
-            None => false,
-        }
-    };
-    tracing::info!(%tp, leader, to, led, "preferred leader election");
 }

@@ -1237,3 +1237,47 @@ def test_leadership_returns_to_preferred_replicas_by_itself(tmp_path):
         check({p: sent[p] + more[p] + last[p] for p in range(partitions)}, got)
     finally:
         c.kill()
+
+
+def test_preferred_election_to_a_stopped_replica_leaves_the_partition_writable(tmp_path):
+    """A preferred replica that is SIGSTOPped yet still in the ISR (replica.lag.time.max.ms is
+    10 s here) cannot take over: the leader stops taking writes for at most 1 s while it
+    waits for it, then gives up and leads on. ElectLeaders answers
+    PREFERRED_LEADER_NOT_AVAILABLE, and a write with client retries off is taken at once.
+    (A leader that started openraft's transfer regardless refuses writes and heartbeats for
+    the rest of its term, so the partition took no write until the followers' election
+    timeout.)"""
+    from confluent_kafka import ElectionType, KafkaError
+    from confluent_kafka import TopicPartition as TP
+
+    c = Cluster(tmp_path, extra={"replica.lag.time.max.ms": 10_000})
+    try:
+        started(c)
+        topic = "elect-stopped"
+        replicated_topic(c, topic, 1)
+        sent = produce(c.bootstrap(), topic, 1, 30, "a")
+        preferred = preferred_and_leaders(c, 1, topic)[0][0]
+        c.nodes[preferred].kill9()
+        survivors = [i for i in IDS if i != preferred]
+        wait_until(lambda: leader_of(c, topic, 0, survivors[0]) in survivors, "a new leader", timeout_s=15)
+        c.nodes[preferred].start()
+        wait_until(lambda: all_led(c, topic, 1), "the preferred replica back in the ISR", timeout_s=30)
+        leader = leader_of(c, topic, 0, survivors[0])
+        epoch_before = epochs(c, survivors[0], topic)[0]
+        proc = c.nodes[preferred].proc
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(1.5)  # its node stops answering pings; it is still in the ISR
+            admin = c.admin(survivors[0])  # kept: a collected handle fails its futures
+            results = admin.elect_leaders(ElectionType.PREFERRED, [TP(topic, 0)]).result()
+            [(_, err)] = results.items()
+            assert err is not None and err.code() == KafkaError.PREFERRED_LEADER_NOT_AVAILABLE, err
+            written = write_each_at_once(c, topic, 1, "b")
+            assert epochs(c, survivors[0], topic)[0] == epoch_before
+            assert leader_of(c, topic, 0, survivors[0]) == leader
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        got = {0: [v for _, v in read_partition(c.bootstrap(), topic, 0)]}
+        check({0: sent[0] + [written[0]]}, got)
+    finally:
+        c.kill()

@@ -77,6 +77,9 @@ pub const PRE_VOTE_GUARD: Duration = Duration::from_secs(3);
 /// for the new leader to hold its whole log.
 const CATCH_UP_MAX: Duration = Duration::from_secs(1);
 const CATCH_UP_POLL: Duration = Duration::from_millis(5);
+/// A replica to take over whose node answered nothing for this long (it is pinged every
+/// 250 ms) is taken for gone.
+const TARGET_SILENT: Duration = Duration::from_millis(750);
 
 /// A message the wire does not carry in that direction, or a reply of the wrong kind.
 #[derive(Debug, thiserror::Error)]
@@ -369,7 +372,7 @@ impl Transport {
 
     /// Has this node's replica of `group`, if it leads, hand leadership to node `to`. First
     /// it stops taking writes (`handing_over`) and waits up to `CATCH_UP_MAX` for `to` to
-    /// hold its whole log; only then does openraft's transfer start, which cannot be undone
+    /// hold its whole log, its node answering; only then does openraft's transfer start, which cannot be undone
     /// for the term (openraft refuses writes and sends no heartbeats from then on, and `to`
     /// stands for election with a vote the others grant although the lease runs). A `to`
     /// still behind by then is `Behind`, and this leader takes writes again: handing over to
@@ -403,7 +406,9 @@ impl Transport {
                 let matched = m.replication.as_ref().and_then(|r| r.get(&to)).cloned();
                 matched.is_some_and(|l| l.map(|l| l.index) == m.last_log_index)
             };
-            if caught_up {
+            // A replica that holds the log but whose node went silent (killed, stopped)
+            // would not campaign either.
+            if caught_up && self.liveness(to, group, TARGET_SILENT).0 {
                 break;
             }
             if std::time::Instant::now() >= deadline {
@@ -412,7 +417,7 @@ impl Transport {
                     group = group.0,
                     term,
                     to,
-                    "handover abandoned: the new leader did not catch up"
+                    "handover abandoned: the new leader did not catch up, or its node does not answer"
                 );
                 return Handover::Behind;
             }

@@ -111,8 +111,8 @@ pub enum Handover {
     Started,
     /// The receiver does not lead the group (any more).
     NotLeader,
-    /// The replica to take over did not catch up with the leader's log in time; the leader
-    /// leads on.
+    /// The replica to take over did not catch up with the leader's log in time, or its
+    /// node does not answer; the leader leads on.
     Behind,
 }
 

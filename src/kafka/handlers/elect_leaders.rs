@@ -168,7 +168,7 @@ async fn elect(
                         Handover::Behind => {
                             return Err(BrokerError::PreferredLeaderNotAvailable(format!(
                                 "the preferred replica {preferred} of {tp} did not catch up \
-                                 with its leader {} in time",
+                                 with its leader {} in time, or its node does not answer",
                                 l.leader
                             )))
                         }

@@ -4,16 +4,19 @@
 //! A partition's leader is whoever its Raft group elected, so a preferred election is a
 //! Raft leadership transfer (`replication::preferred`): the node that takes the request
 //! asks the current leader (on itself, or on a peer over the Raft transport) to hand the
-//! group to the preferred replica, and answers once the metadata shows that replica leading, or REQUEST_TIMED_OUT
-//! after `timeout_ms` (at most `WAIT_MAX`, so the answer comes before the client gives up).
-//! Kafka's controller answers once it has recorded the new leader, which its brokers then
-//! take up; here the leader moves first and the metadata follows, so the wait covers both. The handover is openraft's: the leader stops taking writes, and the
-//! preferred replica, once its log is as long as the leader's, stands for election with a
-//! vote the others grant although the old leader's lease runs. Raft elects only a replica
-//! with every committed entry, so there is no unclean election: a partition with a leader
-//! needs none, one without a leader has no eligible replica.
+//! group to the preferred replica. That leader stops taking writes, waits up to 1 s for the
+//! preferred replica to hold its whole log, then starts openraft's transfer, and the
+//! preferred replica stands for election with a vote the others grant although the old
+//! leader's lease runs; a replica that does not catch up in time is PREFERRED_LEADER_NOT_
+//! AVAILABLE, and the leader leads on. The answer comes once the metadata shows the
+//! preferred replica leading, or REQUEST_TIMED_OUT after `timeout_ms` (at most `WAIT_MAX`,
+//! so it comes before the client gives up). Kafka's controller answers once it has
+//! recorded the new leader, which its brokers then take up; here the leader moves first
+//! and the metadata follows, so the wait covers both.
 //!
-//! As in Kafka, a request for every partition (a null list) leaves out those that needed no
+//! Raft elects only a replica with every committed entry, so there is no unclean election:
+//! a partition with a leader needs none, one without a leader has no eligible replica. As
+//! in Kafka, a request for every partition (a null list) leaves out those that needed no
 //! election, and an unknown election type is INVALID_REQUEST for all.
 
 use std::rc::Rc;

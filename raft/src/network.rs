@@ -372,9 +372,10 @@ impl Transport {
 
     /// Has this node's replica of `group`, if it leads, hand leadership to node `to`. First
     /// it stops taking writes (`handing_over`) and waits up to `CATCH_UP_MAX` for `to` to
-    /// hold its whole log, its node answering; only then does openraft's transfer start, which cannot be undone
-    /// for the term (openraft refuses writes and sends no heartbeats from then on, and `to`
-    /// stands for election with a vote the others grant although the lease runs). A `to`
+    /// hold its whole log, its node answering; only then does openraft's transfer start,
+    /// which cannot be undone for the term (openraft refuses writes and sends no heartbeats
+    /// from then on, and `to` stands for election with a vote the others grant although
+    /// the lease runs). A `to`
     /// still behind by then is `Behind`, and this leader takes writes again: handing over to
     /// a replica that cannot campaign at once would leave the group unwritable until the
     /// followers' election timeout.

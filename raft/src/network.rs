@@ -401,15 +401,16 @@ impl Transport {
             if leading(&raft) != Some(term) {
                 return Handover::NotLeader;
             }
-            let caught_up = {
+            let (matched, last) = {
                 let m = raft.metrics();
                 let m = m.borrow_watched();
                 let matched = m.replication.as_ref().and_then(|r| r.get(&to)).cloned();
-                matched.is_some_and(|l| l.map(|l| l.index) == m.last_log_index)
+                (matched.flatten().map(|l| l.index), m.last_log_index)
             };
             // A replica that holds the log but whose node went silent (killed, stopped)
             // would not campaign either.
-            if caught_up && self.liveness(to, group, TARGET_SILENT).0 {
+            let answers = self.liveness(to, group, TARGET_SILENT).0;
+            if matched == last && answers {
                 break;
             }
             if std::time::Instant::now() >= deadline {
@@ -418,6 +419,9 @@ impl Transport {
                     group = group.0,
                     term,
                     to,
+                    ?matched,
+                    ?last,
+                    answers,
                     "handover abandoned: the new leader did not catch up, or its node does not answer"
                 );
                 return Handover::Behind;

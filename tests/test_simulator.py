@@ -1,15 +1,14 @@
 """The deterministic simulator (scripts/simulate.sh, ferrolog-sim): the README's command as
 written passes, and with fix a undone (a restarted leader takes its term back) it finds the
 defect, shrinks it, and prints a command that replays the failure. A seed replays to the same
-fingerprint in another process. `--deaf` finds defect h in openraft alone: its fix lives in
-the broker's Replica, which the simulator does not run yet, so that test is an expected
-failure until it does."""
+fingerprint in another process. With `--deaf` (a leader that hears nothing while its
+followers hear it) the group takes writes again, because the simulated leaders run the
+broker's check quorum (ferrolog-raft's `check_quorum`); with that fix undone (`--unfix h`)
+the simulator finds defect h."""
 
 import re
 import shlex
 import subprocess
-
-import pytest
 
 from support import REPO_ROOT
 from test_readme import readme_block
@@ -52,7 +51,12 @@ def test_a_seed_replays_exactly_in_another_process():
     assert prints[0].groups() == prints[1].groups()
 
 
-@pytest.mark.xfail(strict=True, reason="defect h: the fix (Replica::check_quorum) is not simulated yet")
 def test_a_deaf_leader_does_not_leave_the_group_unwritable():
     run = simulate(["scripts/simulate.sh", "--seeds", "2", "--first", "1", "--deaf", "--no-shrink"])
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+
+def test_undoing_check_quorum_leaves_a_deaf_leaders_group_unwritable():
+    run = simulate(["scripts/simulate.sh", "--seeds", "2", "--first", "1", "--deaf", "--unfix", "h", "--no-shrink"])
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+    assert re.search(r"unwritable: no write acknowledged .* while a node was deaf", run.stdout), run.stdout[-3000:]

@@ -10,6 +10,8 @@
 //!   log-store suite (`openraft::testing::log::Suite`).
 //! - [`state_machine`]: the commit point of a partition, which becomes its high watermark,
 //!   and its snapshots (the offset a purged log goes on at).
+//! - [`check_quorum`]: when a leader no majority answers mutes itself, so that its
+//!   followers elect another (run by the broker's replicas and by the simulator alike).
 //! - [`wire`] and [`network`]: Raft traffic between nodes, every group of a shard over one
 //!   connection per peer, with writes coalesced.
 //! - [`sim`]: a deterministic simulator of one partition group under network, disk and
@@ -35,6 +37,7 @@
 //!   log is the state. Retention purges a log prefix through openraft (snapshot, then
 //!   `purge_log`); a follower that needs a purged entry takes the snapshot and restarts its
 //!   log empty at that offset, as a Kafka follower behind its leader's log start does.
+pub mod check_quorum;
 pub mod entry;
 pub mod network;
 pub mod runtime;

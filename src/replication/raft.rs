@@ -45,6 +45,7 @@ use std::time::{Duration, Instant};
 use ferrolog_io::batch::BatchHeader;
 use ferrolog_io::{Log, LogConfig};
 use ferrolog_raft::async_runtime::watch::WatchReceiver;
+use ferrolog_raft::check_quorum::CheckQuorum;
 use ferrolog_raft::entry::{self, Batch};
 use ferrolog_raft::network::{GroupRaft, Transport, PRE_VOTE_GUARD};
 use ferrolog_raft::state_machine::{Applied, NextOffset, PartitionStateMachine};
@@ -152,29 +153,6 @@ const READ_RENEW_TIMEOUT: Duration = Duration::from_millis(500);
 /// How long a proposal waits for the lease to be renewed before NOT_LEADER_OR_FOLLOWER.
 const LEASE_RENEW_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// A leader that no majority acknowledged for this long stops sending its followers
-/// anything (`Replica::check_quorum`), so that they, no longer hearing it, elect another.
-const CHECK_QUORUM: Duration = Duration::from_secs(6);
-
-/// How long a leader stays muted before it probes: longer than its followers take to stand
-/// once they stop hearing it (a quiet follower 4 s, then an election timeout of up to
-/// 3.5 s; a busy one openraft's 3.5 s lease and the timeout), with the others' 3 s vote
-/// guard run out by then.
-const MUTED_FOR: Duration = Duration::from_secs(10);
-
-/// How long a muted leader sends again before it may mute anew: one heartbeat round and
-/// catching a follower up take much less.
-const PROBE_FOR: Duration = Duration::from_secs(2);
-
-/// A leader's term, since when it leads in it, and when it last muted or probed.
-#[derive(Debug, Clone, Copy)]
-struct LedSince {
-    term: u64,
-    since: Instant,
-    muted_at: Option<Instant>,
-    probed_at: Option<Instant>,
-}
-
 /// A follower whose node answered no ping this long counts as gone for quiescence.
 const FOLLOWER_SILENT: Duration = Duration::from_secs(2);
 
@@ -266,8 +244,8 @@ pub struct Replica {
     quiet: Cell<bool>,
     /// What the leader last saw of its group, and since when it has been so.
     calm: Cell<Option<(u64, Instant)>>,
-    /// The term this node leads in, since when, and its check-quorum state.
-    led_since: Cell<Option<LedSince>>,
+    /// Whether this leader is to mute its group (see `check_quorum`).
+    check_quorum: RefCell<CheckQuorum<Instant>>,
 }
 
 impl Replica {
@@ -391,7 +369,7 @@ impl Replica {
             group,
             quiet: Cell::new(false),
             calm: Cell::new(None),
-            led_since: Cell::new(None),
+            check_quorum: RefCell::default(),
         };
         Ok((log, replica))
     }
@@ -1091,69 +1069,26 @@ impl Replica {
         })
     }
 
-    /// Check quorum (issue 17, h): a leader that no majority acknowledged (by heartbeat or
-    /// beat) for `CHECK_QUORUM` mutes itself for `MUTED_FOR`, sending its followers no
-    /// appends, heartbeats or beats, then sends again for `PROBE_FOR`, and so on until a
-    /// majority answers again or it leads no more. Followers that hear it but whose answers
-    /// are lost (a one-way partition) would otherwise refuse every vote for as long as it
-    /// lasts, while this leader can take no write, and the partition would stay unwritable.
-    /// Muted, it grants votes (it has no lease), and a vote or append of a later term
-    /// deposes it; probing, it lets a follower that needs its log (one it alone holds)
-    /// catch up. Not while `settling` (what it heard is stale then), but a new term always
-    /// starts unmuted. Returns whether it is muted.
+    /// Check quorum (issue 17, h; ferrolog-raft's `check_quorum`, which the simulator runs
+    /// too): mutes the group's transport while a leader no majority acknowledged lately is
+    /// to stay silent, so that its followers elect another. Returns whether it is muted.
     fn check_quorum(
         &self,
         m: &openraft::RaftMetrics<ferrolog_raft::PartitionRaft>,
         settling: bool,
     ) -> bool {
-        let leading =
-            m.state == openraft::ServerState::Leader && m.current_leader == Some(self.node_id);
-        let now = Instant::now();
-        let mut led = match self.led_since.get() {
-            Some(led) if leading && led.term == m.current_term => led,
-            _ => {
-                self.transport.mute(self.group, false);
-                let led = LedSince {
-                    term: m.current_term,
-                    since: now,
-                    muted_at: None,
-                    probed_at: None,
-                };
-                self.led_since.set(leading.then_some(led));
-                return false;
-            }
-        };
-        if settling {
-            return led.muted_at.is_some();
-        }
-        let led_for = now.duration_since(led.since);
-        let silent = self.quorum_silent(m).map_or(led_for, |d| d.min(led_for));
-        match led.muted_at {
-            Some(at) if now.duration_since(at) >= MUTED_FOR => {
-                tracing::info!(group = self.group.0, "a muted leader probes its followers");
-                led.muted_at = None;
-                led.probed_at = Some(now);
-            }
-            Some(_) => {}
-            None => {
-                let probing = led
-                    .probed_at
-                    .is_some_and(|at| now.duration_since(at) < PROBE_FOR);
-                if silent >= CHECK_QUORUM && !probing {
-                    tracing::warn!(
-                        group = self.group.0,
-                        term = m.current_term,
-                        ?silent,
-                        "no majority acknowledged this leader lately: it stops sending to \
-                         its followers for a while, so that they can elect another"
-                    );
-                    led.muted_at = Some(now);
-                }
-            }
-        }
-        self.transport.mute(self.group, led.muted_at.is_some());
-        self.led_since.set(Some(led));
-        led.muted_at.is_some()
+        let leading = (m.state == openraft::ServerState::Leader
+            && m.current_leader == Some(self.node_id))
+        .then_some(m.current_term);
+        let muted = self.check_quorum.borrow_mut().tend(
+            self.group.0,
+            leading,
+            Instant::now(),
+            || self.quorum_silent(m),
+            settling,
+        );
+        self.transport.mute(self.group, muted);
+        muted
     }
 
     /// Makes the group tick again at once (a proposal after a quiet spell, a follower that

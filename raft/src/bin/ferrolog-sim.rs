@@ -35,7 +35,8 @@ struct Args {
     #[arg(long, default_value_t = 60)]
     seconds: u64,
     /// Undo a fix, to see the simulator find its defect: `a` lets a restarted leader take
-    /// its term back.
+    /// its term back; `h` leaves out check quorum, so a deaf leader keeps its followers
+    /// from electing another (run it with `--deaf`).
     #[arg(long)]
     unfix: Option<String>,
     /// With `--seed`: run only these events of its schedule (comma-separated indexes).
@@ -63,11 +64,12 @@ fn main() -> ExitCode {
             eprintln!("ferrolog-sim: the run panicked; replay it with: {cmd}");
         }
     }));
-    let leader_restore = match args.unfix.as_deref() {
-        None => false,
-        Some("a") => true,
+    let (leader_restore, no_check_quorum) = match args.unfix.as_deref() {
+        None => (false, false),
+        Some("a") => (true, false),
+        Some("h") => (false, true),
         Some(other) => {
-            eprintln!("ferrolog-sim: unknown --unfix {other:?} (known: a)");
+            eprintln!("ferrolog-sim: unknown --unfix {other:?} (known: a, h)");
             return ExitCode::from(2);
         }
     };
@@ -82,6 +84,7 @@ fn main() -> ExitCode {
     let options = |seed| Options {
         seconds: args.seconds,
         leader_restore,
+        no_check_quorum,
         keep: keep.clone(),
         deaf: args.deaf,
         ..Options::new(seed)

@@ -5,7 +5,7 @@
 //! crashed peer fails it at once (a reset connection).
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::rc::Rc;
 use std::time::Duration;
@@ -38,6 +38,8 @@ pub struct Net {
     pub weather: Weather,
     /// Directed links that carry nothing, (from, to), with how many faults cut each.
     cut: RefCell<BTreeMap<(NodeId, NodeId), u32>>,
+    /// Nodes whose leader muted itself (check quorum): they send no appends.
+    muted: RefCell<BTreeSet<NodeId>>,
     rafts: RefCell<BTreeMap<NodeId, NodeRaft>>,
 }
 
@@ -54,6 +56,7 @@ impl Net {
         Rc::new(Net {
             weather,
             cut: RefCell::default(),
+            muted: RefCell::default(),
             rafts: RefCell::default(),
         })
     }
@@ -82,6 +85,16 @@ impl Net {
             if *n == 0 {
                 cut.remove(&(from, to));
             }
+        }
+    }
+
+    /// Mutes `node`'s appends or lets them go again, as the broker's transport does for a
+    /// group whose leader no majority acknowledged lately (`crate::check_quorum`).
+    pub fn mute(&self, node: NodeId, muted: bool) {
+        if muted {
+            self.muted.borrow_mut().insert(node);
+        } else {
+            self.muted.borrow_mut().remove(&node);
         }
     }
 
@@ -188,6 +201,11 @@ impl RaftNetworkV2<SimRaft> for Client {
         rpc: AppendEntriesRequest<SimRaft>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<SimRaft>, RPCError<SimRaft>> {
+        if self.net.muted.borrow().contains(&self.from) {
+            return Err(
+                Unreachable::new(&Lost("muted: no majority acknowledged this leader")).into(),
+            );
+        }
         let answer = self
             .net
             .call(

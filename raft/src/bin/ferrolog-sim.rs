@@ -36,9 +36,9 @@ struct Args {
     seconds: u64,
     /// Undo a fix, to see the simulator find its defect: `a` lets a restarted leader take
     /// its term back; `h` leaves out check quorum, so a deaf leader keeps its followers
-    /// from electing another (run it with `--deaf`).
+    /// from electing another (run it with `--deaf`). May be given more than once.
     #[arg(long)]
-    unfix: Option<String>,
+    unfix: Vec<String>,
     /// With `--seed`: run only these events of its schedule (comma-separated indexes).
     #[arg(long, requires = "seed")]
     keep: Option<String>,
@@ -64,15 +64,17 @@ fn main() -> ExitCode {
             eprintln!("ferrolog-sim: the run panicked; replay it with: {cmd}");
         }
     }));
-    let (leader_restore, no_check_quorum) = match args.unfix.as_deref() {
-        None => (false, false),
-        Some("a") => (true, false),
-        Some("h") => (false, true),
-        Some(other) => {
-            eprintln!("ferrolog-sim: unknown --unfix {other:?} (known: a, h)");
-            return ExitCode::from(2);
+    let (mut leader_restore, mut no_check_quorum) = (false, false);
+    for fix in &args.unfix {
+        match fix.as_str() {
+            "a" => leader_restore = true,
+            "h" => no_check_quorum = true,
+            other => {
+                eprintln!("ferrolog-sim: unknown --unfix {other:?} (known: a, h)");
+                return ExitCode::from(2);
+            }
         }
-    };
+    }
     let keep = match args.keep.as_deref().map(parse_keep) {
         Some(Err(e)) => {
             eprintln!("ferrolog-sim: --keep: {e}");

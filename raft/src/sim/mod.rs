@@ -28,11 +28,11 @@
 //! Each node's leader runs check quorum ([`crate::check_quorum`], the broker's code) and
 //! mutes its appends while no majority acknowledges it, so `Options::deaf` (a leader that
 //! hears nothing while its followers hear it) passes; `Options::no_check_quorum` leaves it
-//! out, and every deaf seed then fails: openraft alone stays unwritable, because the deaf
+//! out, and a deaf seed whose leader a fault deafens then fails: openraft alone stays unwritable, because the deaf
 //! leader's appends keep renewing its followers' lease (its own quorum-loss probing only
 //! stops heartbeats). What it does not cover yet: the rest of the broker's `Replica`
-//! (offsets, producer state, quiescence and beats), the real io/ log, the controller and the
-//! group coordinator.
+//! (offsets, producer state, quiescence and beats), the transport's vote guard, the real io/
+//! log, the controller and the group coordinator.
 
 pub mod net;
 pub mod runtime;

@@ -12,6 +12,8 @@
 //!   and its snapshots (the offset a purged log goes on at).
 //! - [`check_quorum`]: when a leader no majority answers mutes itself, so that its
 //!   followers elect another (run by the broker's replicas and by the simulator alike).
+//! - [`vote_guard`]: when a replica refuses votes because it heard from its group lately
+//!   (asked by the transport and by the simulator alike).
 //! - [`wire`] and [`network`]: Raft traffic between nodes, every group of a shard over one
 //!   connection per peer, with writes coalesced.
 //! - [`sim`]: a deterministic simulator of one partition group under network, disk and
@@ -44,6 +46,7 @@ pub mod runtime;
 pub mod sim;
 pub mod state_machine;
 pub mod store;
+pub mod vote_guard;
 pub mod wire;
 
 #[cfg(test)]

@@ -66,13 +66,7 @@ pub const SERVER_IN_FLIGHT_MAX: usize = 1024;
 const SERVER_IN_FLIGHT_KIB_MAX: usize = 256 << 10;
 /// How long a connect may take before the peer counts as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-/// A replica that heard from the rest of its group this recently refuses Pre-Votes and votes
-/// (see `Transport::refuses_vote`), and so does one that restarted this recently with a log.
-/// Beats come every second, and a follower whose leader died waits 4 s before it stands, by
-/// when the others' guard has run out too; a busy group's followers refuse votes for
-/// openraft's 3.5 s lease anyway. A leader's lease for reads (the broker's `READ_LEASE`) is
-/// shorter, so no other leader is elected while it serves them.
-pub const PRE_VOTE_GUARD: Duration = Duration::from_secs(3);
+pub use crate::vote_guard::PRE_VOTE_GUARD;
 /// How long a leader handing its group over (`Transport::elect`) waits, taking no writes,
 /// for the new leader to hold its whole log.
 const CATCH_UP_MAX: Duration = Duration::from_secs(1);
@@ -648,24 +642,26 @@ impl Transport {
             .collect()
     }
 
-    /// Whether to refuse a Pre-Vote or a vote (other than a leadership transfer) in `group`:
-    /// this replica heard from the rest of its group within `PRE_VOTE_GUARD`, as a follower
-    /// of a live leader from that leader, as a leader from a follower that answered its
-    /// beat, or restarted that recently (`hold_votes`). openraft's own lease does the same
-    /// for a group that heartbeats, but a quiet group sends none. The real vote is guarded
-    /// too: a replica that granted a Pre-Vote and then heard its leader again must not
-    /// elect another while that leader's lease for reads runs.
+    /// Whether to refuse a Pre-Vote or a vote (other than a leadership transfer) in `group`
+    /// ([`crate::vote_guard`]): as a follower of a live leader it heard that leader lately,
+    /// as a leader a follower answered its beat lately, or it restarted lately
+    /// (`hold_votes`).
     fn refuses_vote(&self, group: GroupId, raft: &GroupRaft) -> bool {
         let m = raft.metrics();
         let m = m.borrow_watched();
-        let last = match m.state {
+        let followers_heard = match m.state {
             openraft::ServerState::Leader => self.followed_by(group, m.current_term, 1),
-            openraft::ServerState::Follower if m.current_leader.is_some() => self.heard(group),
             _ => None,
         };
         let restarted = self.restarted.borrow().get(&group).copied();
-        last.max(restarted)
-            .is_some_and(|t| t.elapsed() < PRE_VOTE_GUARD)
+        crate::vote_guard::refuses_vote(
+            m.state,
+            m.current_leader.is_some(),
+            self.heard(group),
+            followers_heard,
+            restarted,
+            std::time::Instant::now(),
+        )
     }
 
     async fn handle(&self, group: GroupId, message: Message) -> Message {

@@ -6,7 +6,8 @@
 //! so a failing seed replays exactly.
 //!
 //! - [`runtime`]: the executor and simulated time (openraft's `AsyncRuntime`).
-//! - [`net`]: RPCs that are dropped, delayed, reordered, duplicated or cut one way.
+//! - [`net`]: RPCs that are dropped, delayed, reordered, duplicated or cut one way; votes
+//!   pass the broker's vote guard, and a muted leader's appends do not go out.
 //! - [`store`]: a node's disk (unsynced writes are lost in a crash; a failed disk errs on
 //!   every write, flush and vote until the node restarts on a mended one), its log store and
 //!   its state machine.
@@ -30,9 +31,11 @@
 //! hears nothing while its followers hear it) passes; `Options::no_check_quorum` leaves it
 //! out, and a deaf seed whose leader a fault deafens then fails: openraft alone stays unwritable, because the deaf
 //! leader's appends keep renewing its followers' lease (its own quorum-loss probing only
-//! stops heartbeats). What it does not cover yet: the rest of the broker's `Replica`
-//! (offsets, producer state, quiescence and beats), the transport's vote guard, the real io/
-//! log, the controller and the group coordinator.
+//! stops heartbeats). Votes pass the broker transport's guard ([`crate::vote_guard`]): a
+//! node that took an append from its leader, or restarted with a log, within 3 s refuses
+//! them. What it does not cover yet: the rest of the broker's `Replica` (offsets, producer
+//! state, quiescence and beats), the real io/ log, the controller and the group
+//! coordinator.
 
 pub mod net;
 pub mod runtime;
@@ -471,6 +474,10 @@ impl World {
             self.checker.clone(),
         );
         let flush_max = self.flush_max[&node];
+        if !disk.borrow().fresh() {
+            // It may have acknowledged a leader just before it went down.
+            self.net.hold_votes(node);
+        }
         let config = Rc::clone(&self.config);
         let check_quorum = self.check_quorum;
         // Spawned on the node, so that every task openraft starts belongs to it.
@@ -504,7 +511,6 @@ impl World {
             return;
         }
         self.net.set_raft(node, None);
-        self.net.mute(node, false);
         self.sim.crash(node);
         self.disks[&node].borrow_mut().crash(keep);
         // The process that comes back is not a stopped one.

@@ -10,6 +10,8 @@ use std::future::Future;
 use std::rc::Rc;
 use std::time::Duration;
 
+use openraft::async_runtime::watch::WatchReceiver;
+use openraft::async_runtime::Instant as _;
 use openraft::error::{RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
 use openraft::raft::{
@@ -17,7 +19,7 @@ use openraft::raft::{
 };
 use openraft::{AsyncRuntime, BasicNode, Snapshot};
 
-use super::runtime::{random_u64, spawn_on, NodeId, SimRuntime};
+use super::runtime::{random_u64, spawn_on, NodeId, SimInstant, SimRuntime};
 use super::store::{StateMachine, Vote};
 use super::SimRaft;
 
@@ -40,6 +42,10 @@ pub struct Net {
     cut: RefCell<BTreeMap<(NodeId, NodeId), u32>>,
     /// Nodes whose leader muted itself (check quorum): they send no appends.
     muted: RefCell<BTreeSet<NodeId>>,
+    /// When each node last took an append from its leader, and when it restarted with a
+    /// log, for the vote guard (`crate::vote_guard`), as the broker's transport keeps them.
+    heard: RefCell<BTreeMap<NodeId, SimInstant>>,
+    restarted: RefCell<BTreeMap<NodeId, SimInstant>>,
     rafts: RefCell<BTreeMap<NodeId, NodeRaft>>,
 }
 
@@ -57,15 +63,46 @@ impl Net {
             weather,
             cut: RefCell::default(),
             muted: RefCell::default(),
+            heard: RefCell::default(),
+            restarted: RefCell::default(),
             rafts: RefCell::default(),
         })
     }
 
+    /// Routes RPCs to `node`'s new Raft, or (`None`: it crashed) to nothing, forgetting
+    /// what its transport knew.
     pub fn set_raft(&self, node: NodeId, raft: Option<NodeRaft>) {
         match raft {
             Some(r) => self.rafts.borrow_mut().insert(node, r),
-            None => self.rafts.borrow_mut().remove(&node),
+            None => {
+                self.muted.borrow_mut().remove(&node);
+                self.heard.borrow_mut().remove(&node);
+                self.restarted.borrow_mut().remove(&node);
+                self.rafts.borrow_mut().remove(&node)
+            }
         };
+    }
+
+    /// `node` restarted with a log: it refuses votes for a while (the broker's
+    /// `Transport::hold_votes`).
+    pub fn hold_votes(&self, node: NodeId) {
+        self.restarted.borrow_mut().insert(node, SimInstant::now());
+    }
+
+    /// Whether `node` refuses a Pre-Vote or a vote (other than a leadership transfer) now,
+    /// as the broker's transport decides it. The simulation sends no coalesced beats, so a
+    /// leader's followers never answer one.
+    fn refuses_vote(&self, node: NodeId, raft: &NodeRaft) -> bool {
+        let m = raft.metrics();
+        let m = m.borrow_watched();
+        crate::vote_guard::refuses_vote(
+            m.state,
+            m.current_leader.is_some(),
+            self.heard.borrow().get(&node).copied(),
+            None,
+            self.restarted.borrow().get(&node).copied(),
+            SimInstant::now(),
+        )
     }
 
     pub fn raft(&self, node: NodeId) -> Option<NodeRaft> {
@@ -206,6 +243,7 @@ impl RaftNetworkV2<SimRaft> for Client {
                 Unreachable::new(&Lost("muted: no majority acknowledged this leader")).into(),
             );
         }
+        let (net, to) = (self.net.clone(), self.to);
         let answer = self
             .net
             .call(
@@ -213,7 +251,17 @@ impl RaftNetworkV2<SimRaft> for Client {
                 self.to,
                 option.hard_ttl(),
                 rpc,
-                |raft, rpc| async move { raft.append_entries(rpc).await.ok() },
+                move |raft, rpc| {
+                    let net = net.clone();
+                    async move {
+                        let reply = raft.append_entries(rpc).await.ok()?;
+                        // Not from a deposed leader whose term this node has moved past.
+                        if !matches!(reply, AppendEntriesResponse::HigherVote(_)) {
+                            net.heard.borrow_mut().insert(to, SimInstant::now());
+                        }
+                        Some(reply)
+                    }
+                },
             )
             .await?;
         Ok(answer)
@@ -224,6 +272,7 @@ impl RaftNetworkV2<SimRaft> for Client {
         rpc: VoteRequest<SimRaft>,
         option: RPCOption,
     ) -> Result<VoteResponse<SimRaft>, RPCError<SimRaft>> {
+        let (net, to) = (self.net.clone(), self.to);
         let answer = self
             .net
             .call(
@@ -231,7 +280,18 @@ impl RaftNetworkV2<SimRaft> for Client {
                 self.to,
                 option.hard_ttl(),
                 rpc,
-                |raft, rpc| async move { raft.vote(rpc).await.ok() },
+                move |raft, rpc| {
+                    let net = net.clone();
+                    async move {
+                        if !rpc.leadership_transfer && net.refuses_vote(to, &raft) {
+                            // Answered as a Pre-Vote would be, and not granted.
+                            let mut reply = raft.pre_vote(rpc).await.ok()?;
+                            reply.vote_granted = false;
+                            return Some(reply);
+                        }
+                        raft.vote(rpc).await.ok()
+                    }
+                },
             )
             .await?;
         Ok(answer)
@@ -242,6 +302,7 @@ impl RaftNetworkV2<SimRaft> for Client {
         rpc: VoteRequest<SimRaft>,
         option: RPCOption,
     ) -> Result<VoteResponse<SimRaft>, RPCError<SimRaft>> {
+        let (net, to) = (self.net.clone(), self.to);
         let answer = self
             .net
             .call(
@@ -249,7 +310,15 @@ impl RaftNetworkV2<SimRaft> for Client {
                 self.to,
                 option.hard_ttl(),
                 rpc,
-                |raft, rpc| async move { raft.pre_vote(rpc).await.ok() },
+                move |raft, rpc| {
+                    let net = net.clone();
+                    async move {
+                        let refuse = net.refuses_vote(to, &raft);
+                        let mut reply = raft.pre_vote(rpc).await.ok()?;
+                        reply.vote_granted &= !refuse;
+                        Some(reply)
+                    }
+                },
             )
             .await?;
         Ok(answer)

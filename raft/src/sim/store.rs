@@ -52,6 +52,11 @@ impl Disk {
         self.failed = true;
     }
 
+    /// Whether the node never wrote anything here (no entry, no vote): a new replica.
+    pub fn fresh(&self) -> bool {
+        self.entries.is_empty() && self.vote.is_none()
+    }
+
     pub fn failed(&self) -> bool {
         self.failed
     }

@@ -8,7 +8,7 @@
 //! Parsing never trusts a length from the input before checking it against the bytes at hand
 //! and against `BATCH_BYTES_MAX`.
 
-use bytes::Buf;
+use bytes::{Buf, BufMut};
 
 /// Size of the fixed v2 batch header, from `baseOffset` through `recordCount`.
 pub const HEADER_BYTES: usize = 61;
@@ -18,7 +18,6 @@ pub const LOG_OVERHEAD: usize = 12;
 pub const BATCH_BYTES_MAX: usize = 1 << 30;
 
 const MAGIC_OFFSET: usize = 16;
-#[cfg(test)]
 const CRC_OFFSET: usize = 17;
 const ATTRIBUTES_OFFSET: usize = 21;
 const PARTITION_LEADER_EPOCH_OFFSET: usize = 12;
@@ -193,57 +192,57 @@ pub fn set_offset_and_epoch(batch: &mut [u8], base_offset: i64, leader_epoch: i3
     debug_assert_eq!(batch[MAGIC_OFFSET], 2);
 }
 
+/// Builds a valid uncompressed batch with `count` records of `value_bytes` each, all with
+/// `timestamp`, as a producer would send it (tests and the simulator use it).
+pub fn make_batch(base_offset: i64, count: i32, timestamp: i64, value_bytes: usize) -> Vec<u8> {
+    let mut records = Vec::new();
+    for i in 0..count {
+        let mut body = Vec::new();
+        body.push(0u8); // attributes
+        put_varint(&mut body, 0); // timestamp delta
+        put_varint(&mut body, i64::from(i)); // offset delta
+        put_varint(&mut body, -1); // key: null
+        put_varint(&mut body, value_bytes as i64);
+        body.extend(std::iter::repeat_n(b'v', value_bytes));
+        put_varint(&mut body, 0); // headers
+        put_varint(&mut records, body.len() as i64);
+        records.extend(body);
+    }
+    let mut b = Vec::new();
+    b.put_i64(base_offset);
+    b.put_i32((HEADER_BYTES - LOG_OVERHEAD + records.len()) as i32);
+    b.put_i32(0);
+    b.put_i8(2);
+    b.put_u32(0);
+    b.put_i16(0);
+    b.put_i32(count - 1);
+    b.put_i64(timestamp);
+    b.put_i64(timestamp);
+    b.put_i64(-1);
+    b.put_i16(-1);
+    b.put_i32(-1);
+    b.put_i32(count);
+    b.extend(records);
+    let crc = compute_crc(&b);
+    b[CRC_OFFSET..CRC_OFFSET + 4].copy_from_slice(&crc.to_be_bytes());
+    b
+}
+
+fn put_varint(out: &mut Vec<u8>, v: i64) {
+    let mut z = ((v << 1) ^ (v >> 63)) as u64;
+    loop {
+        if z < 0x80 {
+            out.push(z as u8);
+            return;
+        }
+        out.push((z as u8 & 0x7f) | 0x80);
+        z >>= 7;
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use bytes::BufMut;
-
-    /// Builds a valid uncompressed batch with `count` records of `value_bytes` each.
-    pub fn make_batch(base_offset: i64, count: i32, timestamp: i64, value_bytes: usize) -> Vec<u8> {
-        let mut records = Vec::new();
-        for i in 0..count {
-            let mut body = Vec::new();
-            body.push(0u8); // attributes
-            put_varint(&mut body, 0); // timestamp delta
-            put_varint(&mut body, i64::from(i)); // offset delta
-            put_varint(&mut body, -1); // key: null
-            put_varint(&mut body, value_bytes as i64);
-            body.extend(std::iter::repeat_n(b'v', value_bytes));
-            put_varint(&mut body, 0); // headers
-            put_varint(&mut records, body.len() as i64);
-            records.extend(body);
-        }
-        let mut b = Vec::new();
-        b.put_i64(base_offset);
-        b.put_i32((HEADER_BYTES - LOG_OVERHEAD + records.len()) as i32);
-        b.put_i32(0);
-        b.put_i8(2);
-        b.put_u32(0);
-        b.put_i16(0);
-        b.put_i32(count - 1);
-        b.put_i64(timestamp);
-        b.put_i64(timestamp);
-        b.put_i64(-1);
-        b.put_i16(-1);
-        b.put_i32(-1);
-        b.put_i32(count);
-        b.extend(records);
-        let crc = compute_crc(&b);
-        b[CRC_OFFSET..CRC_OFFSET + 4].copy_from_slice(&crc.to_be_bytes());
-        b
-    }
-
-    fn put_varint(out: &mut Vec<u8>, v: i64) {
-        let mut z = ((v << 1) ^ (v >> 63)) as u64;
-        loop {
-            if z < 0x80 {
-                out.push(z as u8);
-                return;
-            }
-            out.push((z as u8 & 0x7f) | 0x80);
-            z >>= 7;
-        }
-    }
 
     #[test]
     fn round_trip_and_crc() {

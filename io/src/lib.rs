@@ -8,12 +8,15 @@
 //! a torn tail.
 //!
 //! Everything here runs on the glommio executor of the shard that owns the partition; a `Log`
-//! is `Rc`, never shared across threads.
+//! is `Rc`, never shared across threads. Every file operation goes through [`fs::Fs`], so the
+//! simulator runs the same log on a simulated disk.
 
 pub mod batch;
+pub mod fs;
 pub mod log;
 mod segment;
 
+pub use fs::{Fs, GlommioFs};
 pub use log::{write_file, AppendInfo, Log};
 pub use segment::file_stem;
 

@@ -18,9 +18,9 @@ use std::rc::Rc;
 
 use bytes::{Bytes, BytesMut};
 use futures::channel::oneshot;
-use glommio::io::{BufferedFile, Directory, DmaFile};
 
 use crate::batch::{self, BatchHeader, HEADER_BYTES};
+use crate::fs::{Fs, FsFile, FsReader, GlommioFs, WriteBuf};
 use crate::segment::Segment;
 use crate::{LogConfig, LogError};
 
@@ -43,14 +43,42 @@ pub struct AppendInfo {
     pub last_offset: i64,
 }
 
+/// Simulation only: three fixes of issue 17's defect g that ferrolog-sim can undo on its own
+/// thread, to show that its checker finds the defects they fix. Nothing else sets them.
+#[doc(hidden)]
+pub mod unfix {
+    use std::cell::Cell;
+
+    thread_local! {
+        static UNDONE: Cell<u8> = const { Cell::new(0) };
+    }
+
+    /// At open, the recovered tail is fsynced before the log calls it durable.
+    pub const OPEN_SYNC: u8 = 1;
+    /// A truncation syncs the directory after deleting later segments, before the cut.
+    pub const TRUNCATE_DIR_SYNC: u8 = 2;
+    /// A cut removes a closed segment's index files durably first, and open removes the
+    /// last segment's, so stale index files are never trusted.
+    pub const STALE_INDEXES: u8 = 4;
+
+    /// Undoes the fixes in `undone` (a set of the flags above) on this thread.
+    pub fn set(undone: u8) {
+        UNDONE.with(|u| u.set(undone));
+    }
+
+    pub(crate) fn undone(fix: u8) -> bool {
+        UNDONE.with(|u| u.get() & fix != 0)
+    }
+}
+
 struct Pending {
     segment_base: i64,
     bytes: Bytes,
     next_offset: i64,
 }
 
-struct State {
-    segments: Vec<Segment>,
+struct State<F: Fs> {
+    segments: Vec<Segment<F>>,
     log_start: i64,
     /// Offset after the last appended batch (LEO).
     end: i64,
@@ -68,9 +96,11 @@ struct State {
 }
 
 /// One partition's log. Shard-local: wrap it in `Rc`, never share it across threads.
-pub struct Log {
+/// `F` is the file system under it: glommio's in the broker, a simulated one in ferrolog-sim.
+pub struct Log<F: Fs = GlommioFs> {
+    fs: F,
     dir: PathBuf,
-    state: RefCell<State>,
+    state: RefCell<State<F>>,
     flushing: Cell<bool>,
     /// Set by `close`: appends fail from then on.
     closing: Cell<bool>,
@@ -81,27 +111,38 @@ fn io_error(context: &str, path: &Path, e: impl Into<std::io::Error>) -> LogErro
 }
 
 impl Log {
-    /// Opens (or creates) the log in `dir`, recovering the last segment by CRC: a torn or
-    /// corrupt tail is cut off, indexes that are missing or do not fit are rebuilt.
+    /// Opens (or creates) the log in `dir` on glommio; see [`Log::open_on`].
     pub async fn open(dir: &Path, config: LogConfig, now_ms: i64) -> Result<Rc<Log>, LogError> {
+        Log::open_on(GlommioFs, dir, config, now_ms).await
+    }
+}
+
+impl<F: Fs> Log<F> {
+    /// Opens (or creates) the log in `dir` on `fs`, recovering the last segment by CRC: a torn
+    /// or corrupt tail is cut off, indexes that are missing or do not fit are rebuilt.
+    pub async fn open_on(
+        fs: F,
+        dir: &Path,
+        config: LogConfig,
+        now_ms: i64,
+    ) -> Result<Rc<Log<F>>, LogError> {
         config.validate();
         // glommio opens directories with `openat(-1, ..)`, which takes absolute paths only;
         // every path of this log is derived from `dir`.
         let dir = &std::path::absolute(dir).map_err(|e| io_error("resolving", dir, e))?;
-        if !dir.is_dir() {
-            std::fs::create_dir_all(dir).map_err(|e| io_error("creating", dir, e))?;
+        if !fs.is_dir(dir) {
+            fs.create_dir_all(dir)
+                .map_err(|e| io_error("creating", dir, e))?;
             // A new directory is durable once its parent's entry is. (One created just before
             // a crash, before this sync, is the caller's to sync at start-up: the broker
             // syncs `log.dirs` once rather than every partition opening it again.)
             if let Some(parent) = dir.parent() {
-                sync_dir(parent).await?;
+                sync_dir(&fs, parent).await?;
             }
         }
         let mut bases = Vec::new();
-        let entries = std::fs::read_dir(dir).map_err(|e| io_error("listing", dir, e))?;
-        for entry in entries {
-            let entry = entry.map_err(|e| io_error("listing", dir, e))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
+        let names = fs.list(dir).map_err(|e| io_error("listing", dir, e))?;
+        for name in names {
             if let Some(stem) = name.strip_suffix(".log") {
                 if let Ok(base) = stem.parse::<i64>() {
                     if stem.len() == 20 {
@@ -116,7 +157,7 @@ impl Log {
             let last = i + 1 == bases.len();
             let mut segment = Segment::new(dir, base, now_ms);
             if let Some(prev) = segments.last() {
-                let prev: &Segment = prev;
+                let prev: &Segment<F> = prev;
                 if prev.next_offset > base {
                     return Err(LogError::Corrupt(format!(
                         "{}: segment {base} overlaps the previous one ending at {}",
@@ -125,7 +166,7 @@ impl Log {
                     )));
                 }
             }
-            let indexes_loaded = recover_segment(&mut segment, last, &config).await?;
+            let indexes_loaded = recover_segment(&fs, &mut segment, last, &config).await?;
             segment.closed = !last;
             // A closed segment whose index files fit needs nothing more; one whose indexes
             // were rebuilt gets them written by `finish_closed_segments`.
@@ -136,8 +177,10 @@ impl Log {
             }
             segments.push(segment);
         }
-        let persisted_start = std::fs::read_to_string(dir.join(LOG_START_FILE))
+        let persisted_start = fs
+            .read(&dir.join(LOG_START_FILE))
             .ok()
+            .and_then(|s| String::from_utf8(s).ok())
             .and_then(|s| s.trim().parse::<i64>().ok());
         if segments.is_empty() {
             // Retention may have deleted every segment before a crash: offsets go on from the
@@ -151,11 +194,12 @@ impl Log {
         // A truncation or retention cut short by the crash may have deleted segments without
         // syncing the directory: make what this open found the durable state before
         // anything is appended to it.
-        sync_dir(dir).await?;
+        sync_dir(&fs, dir).await?;
         let first_base = segments[0].base_offset;
         let end = segments.last().expect("at least one segment").next_offset;
         let log_start = persisted_start.unwrap_or(first_base).clamp(first_base, end);
         let log = Log {
+            fs,
             dir: dir.to_path_buf(),
             state: RefCell::new(State {
                 segments,
@@ -307,7 +351,7 @@ impl Log {
             }
         };
         if !self.flushing.replace(true) {
-            glommio::spawn_local(self.clone().flush_loop()).detach();
+            self.fs.spawn(self.clone().flush_loop());
         }
         Ok(info)
     }
@@ -446,15 +490,12 @@ impl Log {
             Some(f) => f,
             None => {
                 let f = Rc::new(
-                    glommio::io::OpenOptions::new()
-                        .read(true)
-                        .write(true)
-                        .create_new(true)
-                        .dma_open(&path)
+                    self.fs
+                        .create_new(&path)
                         .await
                         .map_err(|e| io_error("creating", &path, e))?,
                 );
-                sync_dir(&self.dir).await?;
+                sync_dir(&self.fs, &self.dir).await?;
                 let mut st = self.state.borrow_mut();
                 let seg = find_segment_mut(&mut st.segments, base).expect("segment exists");
                 seg.file = Some(f.clone());
@@ -473,7 +514,7 @@ impl Log {
             let target = target.div_ceil(ALIGN) * ALIGN;
             // Preallocation only helps layout: when it fails (a nearly full disk), write on
             // and let the write itself report ENOSPC if the space is really gone.
-            let reserved = match file.pre_allocate(target, true).await {
+            let reserved = match file.pre_allocate(target).await {
                 Ok(()) => target,
                 Err(e) => {
                     tracing::debug!(path = %path.display(), error = %e, "preallocation failed");
@@ -501,8 +542,8 @@ impl Log {
         while remaining > 0 {
             let n = remaining.min(WRITE_CHUNK_BYTES_MAX);
             let padded = (n as u64).div_ceil(ALIGN) as usize * ALIGN as usize;
-            let mut buf = file.alloc_dma_buffer(padded);
-            let dst = buf.as_bytes_mut();
+            let mut buf = file.alloc(padded);
+            let dst = buf.bytes_mut();
             source.copy_to(&mut dst[..n]);
             dst[n..].fill(0);
             if remaining == n {
@@ -569,7 +610,8 @@ impl Log {
                 return Ok(());
             };
             finish_segment_files(
-                &file,
+                &self.fs,
+                &*file,
                 size,
                 index,
                 time_index,
@@ -664,9 +706,11 @@ impl Log {
                 None => self.open_segment_reader(base).await?,
             };
             let read = read_from_segment(
-                &file,
-                start_pos,
-                end_pos,
+                &*file,
+                &self
+                    .dir
+                    .join(format!("{}.log", crate::segment::file_stem(base))),
+                start_pos..end_pos,
                 seg_offset,
                 max_bytes,
                 limit,
@@ -682,11 +726,11 @@ impl Log {
 
     /// Read handles are opened on the first read that misses the tail cache, so a partition
     /// read only from the cache (most of 10,000 busy partitions) holds one descriptor, not two.
-    async fn open_segment_reader(&self, base: i64) -> Result<Rc<BufferedFile>, LogError> {
+    async fn open_segment_reader(&self, base: i64) -> Result<Rc<F::Reader>, LogError> {
         let path = self
             .dir
             .join(format!("{}.log", crate::segment::file_stem(base)));
-        let reader = open_reader(&path).await?;
+        let reader = open_reader(&self.fs, &path).await?;
         let mut st = self.state.borrow_mut();
         if let Some(seg) = find_segment_mut(&mut st.segments, base) {
             match &seg.reader {
@@ -751,7 +795,8 @@ impl Log {
             st.log_start = st.log_start.max(new_start);
             st.log_start
         };
-        write_file(
+        write_file_on(
+            &self.fs,
             &self.dir.join(LOG_START_FILE),
             start.to_string().into_bytes(),
         )
@@ -815,14 +860,14 @@ impl Log {
     }
 
     async fn delete_segments_below(&self, start: i64) -> Result<(), LogError> {
-        let doomed: Vec<Segment> = {
+        let doomed: Vec<Segment<F>> = {
             let mut st = self.state.borrow_mut();
             let keep_from = st
                 .segments
                 .iter()
                 .position(|s| s.next_offset > start || !s.closed)
                 .unwrap_or(st.segments.len() - 1);
-            let doomed: Vec<Segment> = st.segments.drain(..keep_from).collect();
+            let doomed: Vec<Segment<F>> = st.segments.drain(..keep_from).collect();
             while st.cache.front().is_some_and(|(_, next, _)| *next <= start) {
                 let (_, _, b) = st.cache.pop_front().expect("non-empty");
                 st.cache_bytes -= b.len();
@@ -830,7 +875,10 @@ impl Log {
             doomed
         };
         for seg in doomed {
-            remove_files(&[seg.log_path(), seg.index_path(), seg.time_index_path()])?;
+            remove_files(
+                &self.fs,
+                &[seg.log_path(), seg.index_path(), seg.time_index_path()],
+            )?;
             tracing::info!(dir = %self.dir.display(), base = seg.base_offset, "deleted segment");
         }
         Ok(())
@@ -862,47 +910,56 @@ impl Log {
             }
         }
         self.quiesce("truncating").await?;
-        let (doomed, keep, config) = {
+        // From here on the files change: an error part-way leaves memory and disk
+        // disagreeing, so the log takes nothing more until a restart reopens what is on disk.
+        let cut = self.cut(offset, now_ms).await;
+        if let Err(e) = &cut {
+            self.fail(e.clone());
+        }
+        cut
+    }
+
+    /// `truncate` once the flusher is idle.
+    async fn cut(&self, offset: i64, now_ms: i64) -> Result<(), LogError> {
+        let (doomed, keep, config, was_closed) = {
             let mut st = self.state.borrow_mut();
             let keep = st
                 .segments
                 .iter()
                 .rposition(|s| s.base_offset <= offset)
                 .expect("a segment at or below an offset >= log start");
-            let doomed: Vec<Segment> = st.segments.drain(keep + 1..).collect();
+            let doomed: Vec<Segment<F>> = st.segments.drain(keep + 1..).collect();
             let seg = &st.segments[keep];
             (
                 doomed,
                 (seg.base_offset, seg.position_for(offset)),
                 st.config.clone(),
+                seg.closed,
             )
         };
-        let removed = doomed.iter().rev().try_for_each(|seg| {
-            remove_files(&[seg.log_path(), seg.index_path(), seg.time_index_path()])
-        });
-        // The deletions must be durable before the cut: after a power loss, segments that
-        // came back past a cut segment would put the dropped entries back behind a hole.
-        let synced = match removed {
-            Ok(()) if !doomed.is_empty() => sync_dir(&self.dir).await,
-            other => other,
-        };
-        if let Err(e) = synced {
-            // Memory and disk disagree now: the log takes nothing more until a restart.
-            self.state.borrow_mut().failed = Some(e.clone());
-            return Err(e);
-        }
+        // The deletions must be durable before the cut, and each before the next: after a
+        // power loss, a segment that came back past a cut or deleted one would put dropped
+        // entries back behind a hole. (A file system may keep any subset of the unsynced
+        // deletions of a directory, so one sync after all of them is not enough.)
+        self.delete_newest_first(&doomed).await?;
         let (base, scan_from) = keep;
         let mut seg = Segment::new(&self.dir, base, now_ms);
+        if was_closed && !unfix::undone(unfix::STALE_INDEXES) {
+            // A closed segment's index files describe batches about to go: they go first,
+            // durably, or a power loss could bring them back beside the cut log file.
+            remove_files(&self.fs, &[seg.index_path(), seg.time_index_path()])?;
+            sync_dir(&self.fs, &self.dir).await?;
+        }
         let path = seg.log_path();
         let cut = if offset == base {
             0
         } else {
-            batch_position(&*open_reader(&path).await?, &path, scan_from, offset).await?
+            let reader = open_reader(&self.fs, &path).await?;
+            batch_position(&*reader, &path, scan_from, offset).await?
         };
-        let file = glommio::io::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .dma_open(&path)
+        let file = self
+            .fs
+            .open_rw(&path)
             .await
             .map_err(|e| io_error("opening", &path, e))?;
         file.truncate(cut)
@@ -912,8 +969,7 @@ impl Log {
             .await
             .map_err(|e| io_error("syncing", &path, e))?;
         let _ = file.close().await;
-        remove_files(&[seg.index_path(), seg.time_index_path()])?;
-        recover_segment(&mut seg, true, &config).await?;
+        recover_segment(&self.fs, &mut seg, true, &config).await?;
         assert_eq!(seg.next_offset, offset, "truncated segment ends elsewhere");
         assert_eq!(seg.size, cut, "truncated segment has another size");
         let mut st = self.state.borrow_mut();
@@ -932,6 +988,21 @@ impl Log {
         Ok(())
     }
 
+    /// Deletes `doomed` (whole segments, oldest first in the slice) newest first, syncing the
+    /// directory after each, so that a power loss at any moment leaves a prefix of them.
+    async fn delete_newest_first(&self, doomed: &[Segment<F>]) -> Result<(), LogError> {
+        for seg in doomed.iter().rev() {
+            remove_files(
+                &self.fs,
+                &[seg.log_path(), seg.index_path(), seg.time_index_path()],
+            )?;
+            if !unfix::undone(unfix::TRUNCATE_DIR_SYNC) {
+                sync_dir(&self.fs, &self.dir).await?;
+            }
+        }
+        Ok(())
+    }
+
     /// Waits until everything appended is on disk (or failed) and the flusher is idle, so
     /// files can change under it. The caller must not append meanwhile.
     async fn quiesce(&self, doing: &str) -> Result<(), LogError> {
@@ -945,7 +1016,7 @@ impl Log {
                     self.dir.display()
                 )));
             }
-            glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
+            self.fs.sleep(std::time::Duration::from_millis(1)).await;
             rounds += 1;
         }
         assert_eq!(self.end_offset(), end, "append while {doing}");
@@ -966,7 +1037,7 @@ impl Log {
             return Err(e.clone());
         }
         self.quiesce("restarting").await?;
-        let doomed: Vec<Segment> = self.state.borrow_mut().segments.drain(..).collect();
+        let doomed: Vec<Segment<F>> = self.state.borrow_mut().segments.drain(..).collect();
         {
             let mut st = self.state.borrow_mut();
             st.segments.push(Segment::new(&self.dir, offset, now_ms));
@@ -982,20 +1053,25 @@ impl Log {
                 let _ = w.send(());
             }
         }
-        let removed = doomed.iter().rev().try_for_each(|seg| {
-            remove_files(&[seg.log_path(), seg.index_path(), seg.time_index_path()])
-        });
+        // The deletions are made durable before the new start is written: old segments
+        // that came back after a power loss would overlap the new one's offsets.
+        let removed = async {
+            self.delete_newest_first(&doomed).await?;
+            write_file_on(
+                &self.fs,
+                &self.dir.join(LOG_START_FILE),
+                offset.to_string().into_bytes(),
+            )
+            .await
+        }
+        .await;
         if let Err(e) = removed {
             // Memory and disk disagree now: the log takes nothing more until a restart, whose
-            // open sees a prefix of the old log (and the caller's recovery starts again).
-            self.state.borrow_mut().failed = Some(e.clone());
+            // open sees a prefix of the old log or an empty one at the old start (and the
+            // caller's recovery starts again).
+            self.fail(e.clone());
             return Err(e);
         }
-        write_file(
-            &self.dir.join(LOG_START_FILE),
-            offset.to_string().into_bytes(),
-        )
-        .await?;
         tracing::info!(dir = %self.dir.display(), offset, "restarted the log empty");
         Ok(())
     }
@@ -1014,7 +1090,7 @@ impl Log {
                 rounds < 60_000,
                 "flusher did not stop within a minute of close"
             );
-            glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
+            self.fs.sleep(std::time::Duration::from_millis(1)).await;
             rounds += 1;
         }
         self.finish_closed_segments().await
@@ -1022,8 +1098,10 @@ impl Log {
 }
 
 /// Cuts the zero padding after the last batch and writes both index files.
-async fn finish_segment_files(
-    file: &DmaFile,
+#[allow(clippy::too_many_arguments)]
+async fn finish_segment_files<F: Fs>(
+    fs: &F,
+    file: &F::File,
     size: u64,
     index: Vec<u8>,
     time_index: Vec<u8>,
@@ -1037,16 +1115,16 @@ async fn finish_segment_files(
     file.fdatasync()
         .await
         .map_err(|e| io_error("syncing", log_path, e))?;
-    write_file(index_path, index).await?;
-    write_file(time_path, time_index).await?;
+    write_file_on(fs, index_path, index).await?;
+    write_file_on(fs, time_path, time_index).await?;
     Ok(())
 }
 
-fn find_segment(segments: &[Segment], base: i64) -> Option<&Segment> {
+fn find_segment<F: Fs>(segments: &[Segment<F>], base: i64) -> Option<&Segment<F>> {
     segments.iter().rev().find(|s| s.base_offset == base)
 }
 
-fn find_segment_mut(segments: &mut [Segment], base: i64) -> Option<&mut Segment> {
+fn find_segment_mut<F: Fs>(segments: &mut [Segment<F>], base: i64) -> Option<&mut Segment<F>> {
     segments.iter_mut().rev().find(|s| s.base_offset == base)
 }
 
@@ -1081,11 +1159,11 @@ fn collect_cached(
 
 /// A segment to read from: its base, its read handle if already open, the position to start
 /// at, the durable end, and the offset to look for.
-type ReadPlan = (i64, Option<Rc<BufferedFile>>, u64, u64, i64);
+type ReadPlan<R> = (i64, Option<Rc<R>>, u64, u64, i64);
 
 /// For a read at `offset`: the segments to try in order. Usually one; more when the offset
 /// falls in a gap.
-fn plan_disk_read(segments: &[Segment], offset: i64) -> Vec<ReadPlan> {
+fn plan_disk_read<F: Fs>(segments: &[Segment<F>], offset: i64) -> Vec<ReadPlan<F::Reader>> {
     let i = segments
         .partition_point(|s| s.base_offset <= offset)
         .saturating_sub(1);
@@ -1107,16 +1185,16 @@ fn plan_disk_read(segments: &[Segment], offset: i64) -> Vec<ReadPlan> {
 }
 
 /// Reads from one segment; `None` when `offset` lies beyond this segment's batches.
-async fn read_from_segment(
-    file: &BufferedFile,
-    mut pos: u64,
-    end: u64,
+async fn read_from_segment<R: FsReader>(
+    file: &R,
+    path: &Path,
+    span: std::ops::Range<u64>,
     offset: i64,
     max_bytes: usize,
     limit: i64,
     oversized_first: bool,
 ) -> Result<Option<Bytes>, LogError> {
-    let path = || file.path().map(|p| p.to_path_buf()).unwrap_or_default();
+    let (mut pos, end) = (span.start, span.end);
     // Find the batch that contains `offset`: at most one index interval of headers.
     let first = loop {
         if pos + HEADER_BYTES as u64 > end {
@@ -1125,7 +1203,7 @@ async fn read_from_segment(
         let r = file
             .read_at(pos, HEADER_BYTES)
             .await
-            .map_err(|e| io_error("reading", &path(), e))?;
+            .map_err(|e| io_error("reading", path, e))?;
         let header = BatchHeader::parse(&r).map_err(LogError::InvalidBatch)?;
         if header.next_offset() > offset {
             break header;
@@ -1139,7 +1217,7 @@ async fn read_from_segment(
     let r = file
         .read_at(pos, want)
         .await
-        .map_err(|e| io_error("reading", &path(), e))?;
+        .map_err(|e| io_error("reading", path, e))?;
     // Keep whole batches below the limit; the first is always whole (it fits `want`).
     let mut keep = 0;
     let mut rest = &r[..];
@@ -1191,22 +1269,16 @@ impl<'a> ChunkCursor<'a> {
 }
 
 /// Makes the entries of `dir` (files created, deleted or renamed in it) durable.
-async fn sync_dir(dir: &Path) -> Result<(), LogError> {
-    let handle = Directory::open(dir)
+async fn sync_dir<F: Fs>(fs: &F, dir: &Path) -> Result<(), LogError> {
+    fs.sync_dir(dir)
         .await
-        .map_err(|e| io_error("opening", dir, e))?;
-    handle
-        .sync()
-        .await
-        .map_err(|e| io_error("syncing", dir, e))?;
-    let _ = handle.close().await;
-    Ok(())
+        .map_err(|e| io_error("syncing", dir, e))
 }
 
 /// Deletes `paths`; one already gone is fine.
-fn remove_files(paths: &[PathBuf]) -> Result<(), LogError> {
+fn remove_files<F: Fs>(fs: &F, paths: &[PathBuf]) -> Result<(), LogError> {
     for path in paths {
-        match std::fs::remove_file(path) {
+        match fs.remove(path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(io_error("deleting", path, e)),
@@ -1217,8 +1289,8 @@ fn remove_files(paths: &[PathBuf]) -> Result<(), LogError> {
 
 /// Byte position of the batch starting at `offset`, walking headers from `from`. The offset
 /// must be a batch boundary: anything else is a caller bug.
-async fn batch_position(
-    reader: &BufferedFile,
+async fn batch_position<R: FsReader>(
+    reader: &R,
     path: &Path,
     from: u64,
     offset: i64,
@@ -1242,66 +1314,53 @@ async fn batch_position(
     }
 }
 
-/// Reads go through the page cache: glommio 0.9's Direct I/O read path fails with EOPNOTSUPP
-/// on current kernels (6.x), and the page cache is what `sendfile` will serve cold reads from.
-/// Direct writes invalidate the cached pages they cover, so readers never see stale bytes.
-async fn open_reader(path: &Path) -> Result<Rc<BufferedFile>, LogError> {
-    let f = glommio::io::OpenOptions::new()
-        .read(true)
-        .buffered_open(path)
+async fn open_reader<F: Fs>(fs: &F, path: &Path) -> Result<Rc<F::Reader>, LogError> {
+    fs.open_read(path)
         .await
-        .map_err(|e| io_error("opening", path, e))?;
-    Ok(Rc::new(f))
+        .map_err(|e| io_error("opening", path, e))
 }
 
 /// Writes a small file atomically and durably (temp file, fsync, rename, directory fsync).
 pub async fn write_file(path: &Path, contents: Vec<u8>) -> Result<(), LogError> {
-    let path = path.to_path_buf();
-    let result = glommio::executor()
-        .spawn_blocking(move || -> std::io::Result<()> {
-            use std::io::Write;
-            static TMP_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-            let seq = TMP_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
-            tmp_name.push(format!(".{seq}.tmp"));
-            let tmp = path.with_file_name(tmp_name);
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&contents)?;
-            f.sync_data()?;
-            std::fs::rename(&tmp, &path)?;
-            if let Some(dir) = path.parent() {
-                std::fs::File::open(dir)?.sync_all()?;
-            }
-            Ok(())
-        })
-        .await;
-    result.map_err(|e| LogError::Io(format!("writing small file: {e}")))
+    write_file_on(&GlommioFs, path, contents).await
+}
+
+async fn write_file_on<F: Fs>(fs: &F, path: &Path, contents: Vec<u8>) -> Result<(), LogError> {
+    fs.write_file(path, contents)
+        .await
+        .map_err(|e| LogError::Io(format!("writing small file: {e}")))
 }
 
 /// Opens a segment's log file and restores its in-memory state. The last segment is scanned
 /// and CRC-checked batch by batch and cut at the first bad batch; closed segments load their
 /// index files when those fit, and are scanned otherwise.
-async fn recover_segment(
-    seg: &mut Segment,
+async fn recover_segment<F: Fs>(
+    fs: &F,
+    seg: &mut Segment<F>,
     last: bool,
     config: &LogConfig,
 ) -> Result<bool, LogError> {
     let path = seg.log_path();
-    let file = glommio::io::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .dma_open(&path)
+    let file = fs
+        .open_rw(&path)
         .await
         .map_err(|e| io_error("opening", &path, e))?;
     let file_size = file
         .file_size()
         .await
         .map_err(|e| io_error("sizing", &path, e))?;
-    let reader = open_reader(&path).await?;
+    let reader = open_reader(fs, &path).await?;
     let mut scan_from = 0u64;
-    if !last {
-        let index = std::fs::read(seg.index_path()).unwrap_or_default();
-        let times = std::fs::read(seg.time_index_path()).unwrap_or_default();
+    if last {
+        // The active segment's index files are written when it closes, so any found now are
+        // stale: left by a truncation whose deletion a power loss undid. Trusted once this
+        // segment closes, they would point into batches that are no longer there.
+        if !unfix::undone(unfix::STALE_INDEXES) {
+            remove_files(fs, &[seg.index_path(), seg.time_index_path()])?;
+        }
+    } else {
+        let index = fs.read(&seg.index_path()).unwrap_or_default();
+        let times = fs.read(&seg.time_index_path()).unwrap_or_default();
         if seg.load_indexes(&index, &times, file_size) {
             scan_from = u64::from(seg.index.last().expect("loaded index").1);
         }
@@ -1413,7 +1472,7 @@ async fn recover_segment(
             .await
             .map_err(|e| io_error("truncating", &path, e))?;
     }
-    if last || pos < file_size {
+    if (last && !unfix::undone(unfix::OPEN_SYNC)) || pos < file_size {
         // The log calls everything it holds durable once open, but the tail may have been
         // written and never synced before a crash of the process: sync it now.
         file.fdatasync()
@@ -1440,7 +1499,7 @@ async fn recover_segment(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::tests::make_batch;
+    use crate::batch::make_batch;
 
     fn run<F: std::future::Future<Output = ()> + 'static>(f: impl FnOnce() -> F + Send + 'static) {
         glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)

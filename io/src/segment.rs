@@ -10,9 +10,8 @@
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use glommio::io::{BufferedFile, DmaFile};
-
 use crate::batch::BatchHeader;
+use crate::fs::Fs;
 
 /// File name stem of a segment: its base offset in 20 digits, as Kafka names them.
 pub fn file_stem(base_offset: i64) -> String {
@@ -20,14 +19,14 @@ pub fn file_stem(base_offset: i64) -> String {
 }
 
 /// In-memory state of one segment. Owned by its `Log`; only the owning shard touches it.
-pub(crate) struct Segment {
+pub(crate) struct Segment<F: Fs> {
     pub base_offset: i64,
     /// `<dir>/<20-digit base>` without extension.
     pub path_stem: PathBuf,
     /// Created by the flusher on first write; `None` for a segment nothing was written to yet.
-    pub file: Option<Rc<DmaFile>>,
+    pub file: Option<Rc<F::File>>,
     /// Buffered handle for reads (see `log::open_reader`), opened on the first disk read.
-    pub reader: Option<Rc<BufferedFile>>,
+    pub reader: Option<Rc<F::Reader>>,
     /// Logical bytes appended (accepted into memory).
     pub size: u64,
     /// Bytes written to the file and fsynced: the readable, durable part.
@@ -57,8 +56,8 @@ pub(crate) struct Segment {
     pub tail: Vec<u8>,
 }
 
-impl Segment {
-    pub fn new(dir: &Path, base_offset: i64, now_ms: i64) -> Segment {
+impl<F: Fs> Segment<F> {
+    pub fn new(dir: &Path, base_offset: i64, now_ms: i64) -> Segment<F> {
         Segment {
             base_offset,
             path_stem: dir.join(file_stem(base_offset)),

@@ -4,11 +4,15 @@ defect, shrinks it, and prints a command that replays the failure. A seed replay
 fingerprint in another process. With `--deaf` (a leader that hears nothing while its
 followers hear it) the group takes writes again, because the simulated leaders run the
 broker's check quorum (ferrolog-raft's `check_quorum`); with that fix undone (`--unfix h`)
-the simulator finds defect h."""
+the simulator finds defect h. With `--log` (io/'s real log on a simulated disk) the README's
+second command passes, and each of defect g's three fixes undone is found with a command
+that replays it."""
 
 import re
 import shlex
 import subprocess
+
+import pytest
 
 from support import REPO_ROOT
 from test_readme import readme_block
@@ -60,3 +64,37 @@ def test_undoing_check_quorum_leaves_a_deaf_leaders_group_unwritable():
     run = simulate(["scripts/simulate.sh", "--seeds", "2", "--first", "1", "--deaf", "--unfix", "h", "--no-shrink"])
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
     assert re.search(r"unwritable: no write acknowledged .* while a node was deaf", run.stdout), run.stdout[-3000:]
+
+
+def test_the_readme_log_command_passes_its_seeds():
+    command = readme_block("Simulate it: ferrolog-sim", 1, "sh").strip()
+    assert "--log" in command, command
+    run = simulate(shlex.split(command))
+    assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-3000:]
+    summary = re.search(r"(\d+) seeds from \d+, 0 failed", run.stdout)
+    assert summary and int(summary.group(1)) == 1000, run.stdout[-2000:]
+    checked = [int(n) for n in re.findall(r": ok, (\d+) restarts checked", run.stdout)]
+    assert len(checked) == 1000 and min(checked) > 0, run.stdout[-2000:]
+
+
+# Each fix of defect g undone, the first seeds that find it, and what the checker reports.
+UNFIXED_G = {
+    "g-truncate": (["--seeds", "20", "--first", "1"], r"a gap: the batch after offset \d+ starts at \d+"),
+    "g-open": (["--seed", "18"], r"batch #\d+ at \d+\.\.\d+ read back, but the log held None there"),
+    "g-index": (["--seed", "1"], r"the log does not open: .*closed segment is damaged at byte \d+"),
+}
+
+
+@pytest.mark.parametrize("fix", sorted(UNFIXED_G))
+def test_undoing_a_fix_of_defect_g_is_found_and_replayed(fix):
+    seeds, finding = UNFIXED_G[fix]
+    run = simulate(["scripts/simulate.sh", "--log", *seeds, "--unfix", fix])
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+    assert re.search(finding, run.stdout), run.stdout[-3000:]
+    reproduce = re.search(r"reproduce: ferrolog-sim (.*)", run.stdout)
+    assert reproduce, run.stdout[-3000:]
+    replay = simulate(["scripts/simulate.sh", *shlex.split(reproduce.group(1))])
+    assert replay.returncode == 1, replay.stdout[-3000:]
+    assert re.search(finding, replay.stdout), replay.stdout[-3000:]
+    fixed = simulate(["scripts/simulate.sh", "--log", *seeds])
+    assert fixed.returncode == 0, fixed.stdout[-3000:]

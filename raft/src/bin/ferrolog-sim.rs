@@ -4,6 +4,7 @@
 //! ferrolog-sim --seeds 100            # seeds first..first+100
 //! ferrolog-sim --minutes 30           # as many seeds as fit in 30 minutes
 //! ferrolog-sim --seed 42 [--keep 3,7] # replays one run (and its shrunk schedule)
+//! ferrolog-sim --log --seeds 100      # io/'s log on a simulated disk, crashed at random
 //! ```
 //! A failing seed is shrunk to the fewest faults that still fail and printed with the
 //! command that replays it; the exit status is 1 if any seed failed.
@@ -14,6 +15,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use clap::Parser;
+use ferrolog_raft::sim::log_world::{log_command, run_log, LogOptions, UNFIXES};
 use ferrolog_raft::sim::{command, describe, run, shrink, Options};
 
 #[derive(Parser)]
@@ -36,7 +38,10 @@ struct Args {
     seconds: u64,
     /// Undo a fix, to see the simulator find its defect: `a` lets a restarted leader take
     /// its term back; `h` leaves out check quorum, so a deaf leader keeps its followers
-    /// from electing another (run it with `--deaf`). May be given more than once.
+    /// from electing another (run it with `--deaf`); with `--log`, `g-open` calls a
+    /// recovered tail durable without an fsync, `g-truncate` cuts a segment without
+    /// syncing the deletions before it, and `g-index` leaves stale index files of a cut
+    /// segment to be trusted. May be given more than once.
     #[arg(long)]
     unfix: Vec<String>,
     /// With `--seed`: run only these events of its schedule (comma-separated indexes).
@@ -46,6 +51,11 @@ struct Args {
     /// taking writes again (defect h of issue 17).
     #[arg(long)]
     deaf: bool,
+    /// Run io/'s partition log on a simulated disk instead of a Raft group: killed and
+    /// powered off at random while it appends, truncates and moves its start, and read back
+    /// after every restart.
+    #[arg(long, conflicts_with_all = ["deaf", "keep"])]
+    log: bool,
     /// Report a failure without shrinking it.
     #[arg(long)]
     no_shrink: bool,
@@ -64,16 +74,28 @@ fn main() -> ExitCode {
             eprintln!("ferrolog-sim: the run panicked; replay it with: {cmd}");
         }
     }));
-    let (mut leader_restore, mut no_check_quorum) = (false, false);
+    let (mut leader_restore, mut no_check_quorum, mut undo) = (false, false, 0u8);
     for fix in &args.unfix {
-        match fix.as_str() {
-            "a" => leader_restore = true,
-            "h" => no_check_quorum = true,
-            other => {
-                eprintln!("ferrolog-sim: unknown --unfix {other:?} (known: a, h)");
+        let log_fix = UNFIXES.iter().find(|(name, _)| name == fix).map(|f| f.1);
+        match (fix.as_str(), args.log, log_fix) {
+            ("a", false, _) => leader_restore = true,
+            ("h", false, _) => no_check_quorum = true,
+            (_, true, Some(flag)) => undo |= flag,
+            (other, _, _) => {
+                eprintln!(
+                    "ferrolog-sim: unknown --unfix {other:?} (known: a, h; with --log: g-open, g-truncate, g-index)"
+                );
                 return ExitCode::from(2);
             }
         }
+    }
+    if args.log {
+        let options = |seed| LogOptions {
+            seconds: args.seconds,
+            undo,
+            ..LogOptions::new(seed)
+        };
+        return seeds(&args, |seed| check_log(&options(seed)));
     }
     let keep = match args.keep.as_deref().map(parse_keep) {
         Some(Err(e)) => {
@@ -92,11 +114,17 @@ fn main() -> ExitCode {
         ..Options::new(seed)
     };
     if let Some(seed) = args.seed {
-        let o = options(seed);
-        for line in describe(&o) {
+        for line in describe(&options(seed)) {
             println!("{line}");
         }
-        return if check(&o, args.no_shrink) {
+    }
+    seeds(&args, |seed| check(&options(seed), args.no_shrink))
+}
+
+/// Runs `one` over the seeds the arguments ask for; the exit status says if any failed.
+fn seeds(args: &Args, one: impl Fn(u64) -> bool) -> ExitCode {
+    if let Some(seed) = args.seed {
+        return if one(seed) {
             ExitCode::SUCCESS
         } else {
             ExitCode::FAILURE
@@ -120,7 +148,7 @@ fn main() -> ExitCode {
             break;
         }
         ran += 1;
-        if !check(&options(seed), args.no_shrink) {
+        if !one(seed) {
             failed += 1;
         }
     }
@@ -137,6 +165,35 @@ fn parse_keep(list: &str) -> Result<BTreeSet<usize>, String> {
         .filter(|s| !s.is_empty())
         .map(|s| s.trim().parse().map_err(|e| format!("{s:?}: {e}")))
         .collect()
+}
+
+/// Runs one seed of the log on a simulated disk; prints its outcome. True if it passed.
+fn check_log(o: &LogOptions) -> bool {
+    let started = Instant::now();
+    *RUNNING.lock().expect("one thread") = log_command(o);
+    match run_log(o) {
+        Ok(s) => {
+            println!(
+                "seed {}: ok, {} restarts checked ({} crashes, {} power losses), {} batches appended, {} truncations, {} start moves, {} restarts at an offset, {} fsyncs failed, {:.1}s",
+                o.seed,
+                s.checks,
+                s.crashes,
+                s.power_losses,
+                s.appended,
+                s.truncations,
+                s.start_moves,
+                s.restarts,
+                s.syncs_failed,
+                started.elapsed().as_secs_f64()
+            );
+            true
+        }
+        Err(v) => {
+            println!("seed {}: FAILED: {v}", o.seed);
+            println!("  reproduce: {}", log_command(o));
+            false
+        }
+    }
 }
 
 /// Runs one seed; on a failure prints it, shrunk unless told not to. True if it passed.

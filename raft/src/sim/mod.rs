@@ -33,10 +33,18 @@
 //! leader's appends keep renewing its followers' lease (its own quorum-loss probing only
 //! stops heartbeats). Votes pass the broker transport's guard ([`crate::vote_guard`]): a
 //! node that took an append from its leader, or restarted with a log, within 3 s refuses
-//! them. What it does not cover yet: the rest of the broker's `Replica` (offsets, producer
-//! state, quiescence and beats), the real io/ log, the controller and the group
-//! coordinator.
+//! them.
+//!
+//! [`log_world`] is a second world: io/'s real `Log` (the partition log the broker's Raft
+//! store writes through) on a simulated disk ([`fs`]: unsynced data and directory entries
+//! lost on power loss, writes torn per sector, fsyncs that fail), killed and powered off at
+//! random and read back after every restart. What neither covers yet: the Raft group on the
+//! real log (this world's store is [`store`], not ferrolog-raft's `LogStore` over io/), the
+//! rest of the broker's `Replica` (offsets, producer state, quiescence and beats), the
+//! controller and the group coordinator.
 
+pub mod fs;
+pub mod log_world;
 pub mod net;
 pub mod runtime;
 pub mod store;

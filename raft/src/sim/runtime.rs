@@ -288,6 +288,12 @@ pub fn spawn_on(node: NodeId, future: impl Future<Output = ()> + 'static) {
     spawn_task(node, Box::pin(future));
 }
 
+/// Spawns a task on the node of the task being polled.
+pub fn spawn_here(future: impl Future<Output = ()> + 'static) {
+    let node = with(|e| e.current);
+    spawn_task(node, Box::pin(future));
+}
+
 fn spawn_task(node: NodeId, task: Task) -> u64 {
     with(|e| {
         let id = e.next_id;

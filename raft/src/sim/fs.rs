@@ -1,0 +1,366 @@
+//! A simulated file system under io/'s real `Log` ([`ferrolog_io::Fs`]), keeping exactly
+//! the durability contract that trait states and nothing more:
+//! - a file's bytes and size survive a power loss only up to its last `fdatasync`; what was
+//!   written after it comes back torn, 512-byte sector by sector, each the old or the new
+//!   contents, and the size anywhere between the synced and the written one;
+//! - each directory entry created or deleted since its directory's last `sync_dir` may or may
+//!   not be there after a power loss, independently of the others;
+//! - `write_file` is atomic and durable;
+//! - a process crash loses nothing (the page cache survives it).
+//!
+//! Every operation takes a little simulated time, so a crash can fall between any two of
+//! them, and a write lands at the end of its operation. `fail_syncs` makes fsyncs fail now
+//! and then (the log must then refuse writes and acknowledge nothing more).
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::Duration;
+
+use ferrolog_io::fs::{Fs, FsFile, FsReader};
+use openraft::AsyncRuntime;
+use rand::rngs::SmallRng;
+use rand::RngExt;
+
+use super::runtime::{random_u64, spawn_here, SimRuntime};
+
+const SECTOR: usize = 512;
+
+/// A file's contents as reads see them, and as a power loss would find them.
+#[derive(Clone, Default)]
+struct Contents {
+    data: Vec<u8>,
+    synced: Vec<u8>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Files by inode number (an open file keeps its inode after it is deleted).
+    files: BTreeMap<u64, Contents>,
+    /// Directory entries as they are, and as they were at their directory's last sync.
+    names: BTreeMap<PathBuf, u64>,
+    synced_names: BTreeMap<PathBuf, u64>,
+    dirs: BTreeSet<PathBuf>,
+    next_inode: u64,
+    /// Out of 1000, how many fsyncs fail.
+    sync_failures_per_mille: u64,
+    syncs_failed: u64,
+}
+
+/// A simulated disk, shared by every life of the node that owns it.
+#[derive(Clone, Default)]
+pub struct SimFs(Rc<RefCell<Inner>>);
+
+impl SimFs {
+    pub fn new() -> SimFs {
+        SimFs::default()
+    }
+
+    /// From now on, about `per_mille` of 1000 fsyncs (files and directories) fail with EIO.
+    pub fn fail_syncs(&self, per_mille: u64) {
+        self.0.borrow_mut().sync_failures_per_mille = per_mille;
+    }
+
+    pub fn syncs_failed(&self) -> u64 {
+        self.0.borrow().syncs_failed
+    }
+
+    /// The power goes: each unsynced directory entry is kept or lost at random, and each file
+    /// comes back as its synced contents with a torn part of what was written after.
+    pub fn power_loss(&self, rng: &mut SmallRng) {
+        let mut inner = self.0.borrow_mut();
+        let paths: BTreeSet<PathBuf> = inner
+            .names
+            .keys()
+            .chain(inner.synced_names.keys())
+            .cloned()
+            .collect();
+        let mut names = BTreeMap::new();
+        for path in paths {
+            let now = inner.names.get(&path).copied();
+            let synced = inner.synced_names.get(&path).copied();
+            let kept = if now == synced || rng.random_bool(0.5) {
+                now
+            } else {
+                synced
+            };
+            if let Some(inode) = kept {
+                names.insert(path, inode);
+            }
+        }
+        let live: BTreeSet<u64> = names.values().copied().collect();
+        let files = std::mem::take(&mut inner.files)
+            .into_iter()
+            .filter(|(inode, _)| live.contains(inode))
+            .map(|(inode, c)| {
+                let data = torn(&c.synced, &c.data, rng);
+                (
+                    inode,
+                    Contents {
+                        synced: data.clone(),
+                        data,
+                    },
+                )
+            })
+            .collect();
+        inner.files = files;
+        inner.synced_names = names.clone();
+        inner.names = names;
+    }
+
+    fn inode(&self, path: &Path) -> io::Result<u64> {
+        self.0
+            .borrow()
+            .names
+            .get(path)
+            .copied()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, path.display().to_string()))
+    }
+
+    /// Whether this fsync fails.
+    fn sync_fails(&self) -> bool {
+        let mut inner = self.0.borrow_mut();
+        let fails = inner.sync_failures_per_mille > 0
+            && random_u64() % 1000 < inner.sync_failures_per_mille;
+        if fails {
+            inner.syncs_failed += 1;
+        }
+        fails
+    }
+
+    fn file(&self, inode: u64) -> SimFile {
+        SimFile {
+            fs: self.clone(),
+            inode,
+        }
+    }
+}
+
+/// What a power loss leaves of a file synced as `old` and written as `new`.
+fn torn(old: &[u8], new: &[u8], rng: &mut SmallRng) -> Vec<u8> {
+    let len = if old.len() == new.len() {
+        old.len()
+    } else {
+        let (lo, hi) = (old.len().min(new.len()), old.len().max(new.len()));
+        rng.random_range(lo..=hi)
+    };
+    let mut out = vec![0u8; len];
+    for start in (0..len).step_by(SECTOR) {
+        let end = (start + SECTOR).min(len);
+        let source = if rng.random_bool(0.5) { new } else { old };
+        for (i, byte) in out[start..end].iter_mut().enumerate() {
+            *byte = source.get(start + i).copied().unwrap_or(0);
+        }
+    }
+    out
+}
+
+/// A little simulated time, up to `max_micros`.
+async fn latency(max_micros: u64) {
+    SimRuntime::sleep(Duration::from_micros(random_u64() % max_micros + 1)).await;
+}
+
+fn eio(what: &str) -> io::Error {
+    io::Error::other(format!("simulated EIO on {what}"))
+}
+
+impl Fs for SimFs {
+    type File = SimFile;
+    type Reader = SimFile;
+
+    async fn create_new(&self, path: &Path) -> io::Result<SimFile> {
+        latency(200).await;
+        let mut inner = self.0.borrow_mut();
+        if inner.names.contains_key(path) {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                path.display().to_string(),
+            ));
+        }
+        let inode = inner.next_inode;
+        inner.next_inode += 1;
+        inner.files.insert(inode, Contents::default());
+        inner.names.insert(path.to_path_buf(), inode);
+        drop(inner);
+        Ok(self.file(inode))
+    }
+
+    async fn open_rw(&self, path: &Path) -> io::Result<SimFile> {
+        latency(50).await;
+        Ok(self.file(self.inode(path)?))
+    }
+
+    async fn open_read(&self, path: &Path) -> io::Result<Rc<SimFile>> {
+        latency(50).await;
+        Ok(Rc::new(self.file(self.inode(path)?)))
+    }
+
+    fn is_dir(&self, dir: &Path) -> bool {
+        self.0.borrow().dirs.contains(dir)
+    }
+
+    /// Directories are made durable at once: the broker syncs `log.dirs` at start-up.
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        self.0.borrow_mut().dirs.insert(dir.to_path_buf());
+        Ok(())
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let inner = self.0.borrow();
+        if !inner.dirs.contains(dir) {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                dir.display().to_string(),
+            ));
+        }
+        Ok(inner
+            .names
+            .keys()
+            .filter(|p| p.parent() == Some(dir))
+            .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .collect())
+    }
+
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+        let inode = self.inode(path)?;
+        Ok(self.0.borrow().files[&inode].data.clone())
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        match self.0.borrow_mut().names.remove(path) {
+            Some(_) => Ok(()),
+            None => Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                path.display().to_string(),
+            )),
+        }
+    }
+
+    async fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        latency(2000).await;
+        if self.sync_fails() {
+            return Err(eio("directory sync"));
+        }
+        let mut inner = self.0.borrow_mut();
+        let Inner {
+            names,
+            synced_names,
+            ..
+        } = &mut *inner;
+        synced_names.retain(|p, _| p.parent() != Some(dir));
+        synced_names.extend(
+            names
+                .iter()
+                .filter(|(p, _)| p.parent() == Some(dir))
+                .map(|(p, i)| (p.clone(), *i)),
+        );
+        Ok(())
+    }
+
+    async fn write_file(&self, path: &Path, contents: Vec<u8>) -> io::Result<()> {
+        latency(3000).await;
+        if self.sync_fails() {
+            return Err(eio("small file write"));
+        }
+        let mut inner = self.0.borrow_mut();
+        let inode = inner.next_inode;
+        inner.next_inode += 1;
+        inner.files.insert(
+            inode,
+            Contents {
+                data: contents.clone(),
+                synced: contents,
+            },
+        );
+        inner.names.insert(path.to_path_buf(), inode);
+        inner.synced_names.insert(path.to_path_buf(), inode);
+        Ok(())
+    }
+
+    fn spawn(&self, task: impl Future<Output = ()> + 'static) {
+        spawn_here(task);
+    }
+
+    async fn sleep(&self, duration: Duration) {
+        SimRuntime::sleep(duration).await;
+    }
+}
+
+/// A handle on one simulated file (reads and writes alike).
+pub struct SimFile {
+    fs: SimFs,
+    inode: u64,
+}
+
+impl SimFile {
+    fn with<T>(&self, f: impl FnOnce(&mut Contents) -> T) -> T {
+        let mut inner = self.fs.0.borrow_mut();
+        f(inner
+            .files
+            .get_mut(&self.inode)
+            .expect("an open file's inode"))
+    }
+}
+
+impl FsFile for SimFile {
+    type Buf = Vec<u8>;
+
+    fn alloc(&self, len: usize) -> Vec<u8> {
+        vec![0; len]
+    }
+
+    async fn write_at(&self, buf: Vec<u8>, pos: u64) -> io::Result<usize> {
+        latency(500).await;
+        let pos = pos as usize;
+        self.with(|c| {
+            if c.data.len() < pos + buf.len() {
+                c.data.resize(pos + buf.len(), 0);
+            }
+            c.data[pos..pos + buf.len()].copy_from_slice(&buf);
+        });
+        Ok(buf.len())
+    }
+
+    async fn fdatasync(&self) -> io::Result<()> {
+        latency(3000).await;
+        if self.fs.sync_fails() {
+            return Err(eio("fdatasync"));
+        }
+        self.with(|c| c.synced = c.data.clone());
+        Ok(())
+    }
+
+    async fn pre_allocate(&self, _size: u64) -> io::Result<()> {
+        Ok(())
+    }
+
+    async fn truncate(&self, size: u64) -> io::Result<()> {
+        latency(200).await;
+        self.with(|c| c.data.resize(size as usize, 0));
+        Ok(())
+    }
+
+    async fn file_size(&self) -> io::Result<u64> {
+        Ok(self.with(|c| c.data.len() as u64))
+    }
+
+    async fn close(self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl FsReader for SimFile {
+    type Bytes = Vec<u8>;
+
+    async fn read_at(&self, pos: u64, len: usize) -> io::Result<Vec<u8>> {
+        latency(100).await;
+        Ok(self.with(|c| {
+            let start = (pos as usize).min(c.data.len());
+            let end = (start + len).min(c.data.len());
+            c.data[start..end].to_vec()
+        }))
+    }
+}

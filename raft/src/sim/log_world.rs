@@ -1,0 +1,423 @@
+//! io/'s real `Log` on a simulated disk ([`super::fs`]), killed and powered off at random
+//! moments while a workload uses it as the Raft store does: appends, waits for durability,
+//! truncates its tail, moves its start. Each life ends in a process crash (the page cache
+//! survives) or a power loss (only what was synced survives, torn at sector granularity),
+//! and some fsyncs fail. After every restart the checker reads the whole log back from disk:
+//! - it opens (no damage reported, no overlapping segments);
+//! - offsets run on from the log start without a gap, and each batch read is one the
+//!   workload appended at that offset, so nothing truncated or deleted comes back;
+//! - every batch acknowledged durable (`wait_durable` answered, or a log that called it
+//!   durable at open) is still there, unless a truncation began to drop it since;
+//! - the log start is never below one that `advance_start` returned.
+//!
+//! `LogOptions::undo` undoes defect g's fixes ([`ferrolog_io::log::unfix`]), to show the
+//! checker finds what they fix.
+
+use std::cell::RefCell;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use ferrolog_io::batch::{self, make_batch};
+use ferrolog_io::log::unfix;
+use ferrolog_io::{Log, LogConfig};
+use openraft::async_runtime::Instant as _;
+use openraft::AsyncRuntime;
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+
+use super::fs::SimFs;
+use super::runtime::{random_u64, spawn_here, spawn_on, Sim, SimInstant, SimRuntime};
+
+#[derive(Clone, Debug)]
+pub struct LogOptions {
+    pub seed: u64,
+    /// Simulated seconds of lives and crashes.
+    pub seconds: u64,
+    /// Defect g fixes to undo: a set of [`unfix`] flags.
+    pub undo: u8,
+    /// Out of 1000 fsyncs, how many fail.
+    pub sync_failures_per_mille: u64,
+}
+
+impl LogOptions {
+    pub fn new(seed: u64) -> LogOptions {
+        LogOptions {
+            seed,
+            seconds: 60,
+            undo: 0,
+            sync_failures_per_mille: 5,
+        }
+    }
+}
+
+/// What a passing run did.
+#[derive(Debug, Default, Clone)]
+pub struct LogStats {
+    pub crashes: u64,
+    pub power_losses: u64,
+    pub checks: u64,
+    pub appended: u64,
+    pub acked_max: i64,
+    pub truncations: u64,
+    pub start_moves: u64,
+    /// `restart_at` calls that returned.
+    pub restarts: u64,
+    pub syncs_failed: u64,
+}
+
+/// What the workload knows of the log.
+#[derive(Default)]
+struct Model {
+    /// Batches appended and not truncated away, as (base, next, id), in offset order.
+    batches: Vec<(i64, i64, i64)>,
+    /// Every offset below this was acknowledged durable and no truncation has begun below it.
+    acked: i64,
+    /// Bumped when a truncation begins: a waiter answered before it no longer counts.
+    generation: u64,
+    /// The highest log start `advance_start` returned.
+    start_floor: i64,
+    next_id: i64,
+    violation: Option<String>,
+    stats: LogStats,
+}
+
+impl Model {
+    fn violate(&mut self, what: String) {
+        self.violation.get_or_insert(what);
+    }
+}
+
+type Shared = Rc<RefCell<Model>>;
+
+fn config() -> LogConfig {
+    LogConfig {
+        segment_bytes: 6000,
+        index_interval_bytes: 700,
+        preallocate_bytes: 4096,
+        cache_bytes_max: 3000,
+        ..LogConfig::default()
+    }
+}
+
+fn now_ms() -> i64 {
+    SimInstant::now().since_start().as_millis() as i64
+}
+
+/// Runs one seed. `Err` holds the first violation, with what led to it.
+pub fn run_log(options: &LogOptions) -> Result<LogStats, String> {
+    unfix::set(options.undo);
+    let result = run_inner(options);
+    unfix::set(0);
+    result
+}
+
+fn run_inner(options: &LogOptions) -> Result<LogStats, String> {
+    let sim = Sim::new(options.seed);
+    let mut rng = SmallRng::seed_from_u64(options.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let fs = SimFs::new();
+    fs.fail_syncs(options.sync_failures_per_mille);
+    let model: Shared = Rc::default();
+    let dir = PathBuf::from("/sim/topic-0");
+    let end = SimInstant::default() + Duration::from_secs(options.seconds);
+    while sim.now() < end {
+        spawn_on(1, life(fs.clone(), dir.clone(), model.clone(), true));
+        let up = Duration::from_millis(rng.random_range(5..1500));
+        sim.run_until(sim.now() + up);
+        sim.crash(1);
+        let power = rng.random_bool(0.5);
+        let mut m = model.borrow_mut();
+        if power {
+            fs.power_loss(&mut rng);
+            m.stats.power_losses += 1;
+        } else {
+            m.stats.crashes += 1;
+        }
+        if let Some(v) = &m.violation {
+            return Err(format!("{v} (at {:?})", sim.now().since_start()));
+        }
+    }
+    // A last life that only checks, with no fsync failing.
+    fs.fail_syncs(0);
+    let checks = model.borrow().stats.checks;
+    spawn_on(1, life(fs.clone(), dir, model.clone(), false));
+    sim.run_until(sim.now() + Duration::from_secs(60));
+    let mut m = model.borrow_mut();
+    if let Some(v) = &m.violation {
+        return Err(v.clone());
+    }
+    if m.stats.checks == checks {
+        return Err("the last restart did not finish its check within 60 s".into());
+    }
+    m.stats.syncs_failed = fs.syncs_failed();
+    Ok(m.stats.clone())
+}
+
+/// One life of the process: open, check, then (with `work`) use the log until it crashes.
+async fn life(fs: SimFs, dir: PathBuf, model: Shared, work: bool) {
+    let log = match Log::open_on(fs, &dir, config(), now_ms()).await {
+        Ok(log) => log,
+        Err(e) => {
+            // A failed fsync during open is weather, not damage: the next life opens again.
+            if !e.to_string().contains("simulated EIO") {
+                model
+                    .borrow_mut()
+                    .violate(format!("the log does not open: {e}"));
+            }
+            return;
+        }
+    };
+    if !check(&log, &model).await {
+        return;
+    }
+    // The Raft store trusts what an open log holds: it is durable from now on.
+    {
+        let mut m = model.borrow_mut();
+        m.acked = m.acked.max(log.durable_offset());
+    }
+    if work {
+        // Now and then the process idles before it writes, so a power loss may strike before
+        // anything syncs what the open found.
+        if random_u64().is_multiple_of(4) {
+            SimRuntime::sleep(Duration::from_millis(random_u64() % 2000)).await;
+        }
+        workload(&log, &model).await;
+    }
+}
+
+/// Reads the log back and compares it with the model; true if it holds (the model then
+/// becomes what survived).
+async fn check(log: &Rc<Log<SimFs>>, model: &Shared) -> bool {
+    let start = log.start_offset();
+    let end = log.end_offset();
+    let mut got = Vec::new();
+    let mut offset = start;
+    let mut fail = None;
+    while offset < end && fail.is_none() {
+        let bytes = match log.read(offset, 64 << 10, i64::MAX, true).await {
+            Ok(b) => b,
+            Err(e) => {
+                fail = Some(format!("reading at {offset}: {e}"));
+                break;
+            }
+        };
+        if bytes.is_empty() {
+            fail = Some(format!("nothing read at {offset}, below the log end {end}"));
+            break;
+        }
+        let mut rest = &bytes[..];
+        while !rest.is_empty() {
+            let h = match batch::verify(rest) {
+                Ok(h) => h,
+                Err(e) => {
+                    fail = Some(format!("a bad batch read at {offset}: {e}"));
+                    break;
+                }
+            };
+            if h.base_offset != offset {
+                fail = Some(format!(
+                    "a gap: the batch after offset {offset} starts at {}",
+                    h.base_offset
+                ));
+                break;
+            }
+            got.push((h.base_offset, h.next_offset(), h.max_timestamp));
+            offset = h.next_offset();
+            rest = &rest[h.total_bytes()..];
+        }
+    }
+    let mut m = model.borrow_mut();
+    if fail.is_none() && start < m.start_floor {
+        fail = Some(format!(
+            "the log starts at {start}, below {} that advance_start returned",
+            m.start_floor
+        ));
+    }
+    if fail.is_none() {
+        fail = got.iter().find_map(|&(base, next, id)| {
+            let known = m
+                .batches
+                .binary_search_by_key(&base, |b| b.0)
+                .ok()
+                .map(|i| m.batches[i]);
+            (known != Some((base, next, id))).then(|| {
+                format!("batch #{id} at {base}..{next} read back, but the log held {known:?} there")
+            })
+        });
+    }
+    if fail.is_none() && end < m.acked {
+        fail = Some(format!(
+            "acknowledged offsets {end}..{} are gone (log {start}..{end})",
+            m.acked
+        ));
+    }
+    if let Some(f) = fail {
+        m.violate(f);
+        return false;
+    }
+    m.batches = got;
+    m.acked = m.acked.min(end);
+    m.stats.checks += 1;
+    true
+}
+
+/// Appends, waits, truncates and moves the start at random until the log fails or the
+/// process is killed.
+async fn workload(log: &Rc<Log<SimFs>>, model: &Shared) {
+    loop {
+        if log.failure().is_some() {
+            // A failed log takes nothing more; the next crash restarts it.
+            SimRuntime::sleep(Duration::from_secs(10)).await;
+            continue;
+        }
+        match random_u64() % 100 {
+            0..60 => append(log, model),
+            60..68 => {
+                let end = log.end_offset();
+                if log.wait_durable(end).await.is_ok() {
+                    let mut m = model.borrow_mut();
+                    m.acked = m.acked.max(end);
+                }
+            }
+            68..74 => truncate(log, model).await,
+            74..77 => advance_start(log, model).await,
+            77 => restart_at(log, model).await,
+            _ => SimRuntime::sleep(Duration::from_micros(random_u64() % 5000)).await,
+        }
+    }
+}
+
+fn append(log: &Rc<Log<SimFs>>, model: &Shared) {
+    let (id, gen) = {
+        let mut m = model.borrow_mut();
+        m.next_id += 1;
+        (m.next_id, m.generation)
+    };
+    let count = (random_u64() % 4 + 1) as i32;
+    let value = (random_u64() % 900) as usize;
+    let bytes = BytesMut::from(&make_batch(0, count, id, value)[..]);
+    let Ok(info) = log.append(bytes, 1, now_ms()) else {
+        return;
+    };
+    let next = info.last_offset + 1;
+    {
+        let mut m = model.borrow_mut();
+        m.batches.push((info.base_offset, next, id));
+        m.stats.appended += 1;
+    }
+    if random_u64().is_multiple_of(2) {
+        let (log, model) = (log.clone(), model.clone());
+        spawn_here(async move {
+            if log.wait_durable(next).await.is_ok() {
+                let mut m = model.borrow_mut();
+                if m.generation == gen {
+                    m.acked = m.acked.max(next);
+                    m.stats.acked_max = m.stats.acked_max.max(next);
+                }
+            }
+        });
+    }
+}
+
+/// Truncates to one of the last batches, as a follower drops entries that conflict.
+async fn truncate(log: &Rc<Log<SimFs>>, model: &Shared) {
+    let offset = {
+        let mut m = model.borrow_mut();
+        let start = log.start_offset();
+        let candidates: Vec<i64> = m
+            .batches
+            .iter()
+            .rev()
+            .take(12)
+            .map(|b| b.0)
+            .filter(|&b| b >= start)
+            .collect();
+        if candidates.is_empty() {
+            return;
+        }
+        let offset = candidates[(random_u64() as usize) % candidates.len()];
+        m.generation += 1;
+        m.acked = m.acked.min(offset);
+        offset
+    };
+    if log.truncate(offset, now_ms()).await.is_ok() {
+        let mut m = model.borrow_mut();
+        m.batches.retain(|b| b.0 < offset);
+        m.stats.truncations += 1;
+    }
+}
+
+/// Moves the log start to a durable batch boundary, as a snapshot's purge or DeleteRecords.
+async fn advance_start(log: &Rc<Log<SimFs>>, model: &Shared) {
+    let to = {
+        let m = model.borrow();
+        let durable = log.durable_offset();
+        let boundaries: Vec<i64> = m
+            .batches
+            .iter()
+            .map(|b| b.0)
+            .filter(|&b| b <= durable)
+            .collect();
+        // Keep most of the log: the start moves a little at a time.
+        match boundaries.len() {
+            0..4 => return,
+            n => boundaries[(random_u64() as usize) % (n / 4)],
+        }
+    };
+    if let Ok(start) = log.advance_start(to).await {
+        let mut m = model.borrow_mut();
+        m.start_floor = m.start_floor.max(start);
+        m.stats.start_moves += 1;
+    }
+}
+
+/// Empties the log and starts it again, past its end or within it, as a follower that takes
+/// a leader's snapshot does. Nothing durable is promised while it runs: a crash part-way may
+/// leave a prefix of the old log's segments (even one ending below its start), or an empty
+/// log at the old start.
+async fn restart_at(log: &Rc<Log<SimFs>>, model: &Shared) {
+    let end = log.end_offset();
+    let offset = if random_u64().is_multiple_of(2) {
+        end + (random_u64() % 50) as i64
+    } else {
+        let start = log.start_offset();
+        start + (random_u64() % (end - start + 1) as u64) as i64
+    };
+    {
+        let mut m = model.borrow_mut();
+        m.generation += 1;
+        let floor = log.whole_batches_start();
+        m.acked = m.acked.min(floor);
+        m.start_floor = m.start_floor.min(floor);
+    }
+    if log.restart_at(offset, now_ms()).await.is_ok() {
+        let mut m = model.borrow_mut();
+        m.batches.clear();
+        m.start_floor = m.start_floor.max(offset);
+        m.acked = offset;
+        m.stats.restarts += 1;
+    }
+}
+
+/// Defect g's fixes that `--unfix` undoes, by the name it takes.
+pub const UNFIXES: [(&str, u8); 3] = [
+    ("g-open", unfix::OPEN_SYNC),
+    ("g-truncate", unfix::TRUNCATE_DIR_SYNC),
+    ("g-index", unfix::STALE_INDEXES),
+];
+
+/// The command that replays a run.
+pub fn log_command(o: &LogOptions) -> String {
+    let mut cmd = format!(
+        "ferrolog-sim --log --seed {} --seconds {}",
+        o.seed, o.seconds
+    );
+    for (name, flag) in UNFIXES {
+        if o.undo & flag != 0 {
+            cmd.push_str(" --unfix ");
+            cmd.push_str(name);
+        }
+    }
+    cmd
+}

@@ -5,7 +5,7 @@ fingerprint in another process. With `--deaf` (a leader that hears nothing while
 followers hear it) the group takes writes again, because the simulated leaders run the
 broker's check quorum (ferrolog-raft's `check_quorum`); with that fix undone (`--unfix h`)
 the simulator finds defect h. With `--log` (io/'s real log on a simulated disk) the README's
-second command passes, and each of defect g's three fixes undone is found with a command
+second command passes, and each of defect g's four fixes undone is found with a command
 that replays it."""
 
 import re
@@ -80,8 +80,9 @@ def test_the_readme_log_command_passes_its_seeds():
 # Each fix of defect g undone, the first seeds that find it, and what the checker reports.
 UNFIXED_G = {
     "g-truncate": (["--seeds", "20", "--first", "1"], r"a gap: the batch after offset \d+ starts at \d+"),
-    "g-open": (["--seed", "18"], r"batch #\d+ at \d+\.\.\d+ read back, but the log held None there"),
-    "g-index": (["--seed", "1"], r"the log does not open: .*closed segment is damaged at byte \d+"),
+    "g-open": (["--seed", "40"], r"batch #\d+ at \d+\.\.\d+ read back, but the log held None there"),
+    "g-index": (["--seed", "12"], r"the log does not open: .*closed segment is damaged at byte \d+"),
+    "g-finish": (["--seed", "9"], r"the log failed: storage error: creating \S+\.log: file exists"),
 }
 
 

@@ -43,7 +43,7 @@ pub struct AppendInfo {
     pub last_offset: i64,
 }
 
-/// Simulation only: three fixes of issue 17's defect g that ferrolog-sim can undo on its own
+/// Simulation only: four fixes of issue 17's defect g that ferrolog-sim can undo on its own
 /// thread, to show that its checker finds the defects they fix. Nothing else sets them.
 #[doc(hidden)]
 pub mod unfix {
@@ -60,6 +60,9 @@ pub mod unfix {
     /// A cut removes a closed segment's index files durably first, and open removes the
     /// last segment's, so stale index files are never trusted.
     pub const STALE_INDEXES: u8 = 4;
+    /// Finishing rolled segments holds the segment-file lock, so it never runs beside a
+    /// truncation, a restart or a deletion of segments.
+    pub const FINISH_LOCK: u8 = 8;
 
     /// Undoes the fixes in `undone` (a set of the flags above) on this thread.
     pub fn set(undone: u8) {
@@ -104,6 +107,11 @@ pub struct Log<F: Fs = GlommioFs> {
     flushing: Cell<bool>,
     /// Set by `close`: appends fail from then on.
     closing: Cell<bool>,
+    /// Held by whatever creates, rewrites or deletes the files of segments other than by
+    /// appending: finishing rolled segments (the flusher, the retention timer, `close`),
+    /// truncating, restarting and deleting segments. Each of them looks segments up again
+    /// after every await, so none may change the segment list under another.
+    files: futures::lock::Mutex<()>,
 }
 
 fn io_error(context: &str, path: &Path, e: impl Into<std::io::Error>) -> LogError {
@@ -217,6 +225,7 @@ impl<F: Fs> Log<F> {
             }),
             flushing: Cell::new(false),
             closing: Cell::new(false),
+            files: futures::lock::Mutex::new(()),
         };
         Ok(Rc::new(log))
     }
@@ -577,22 +586,23 @@ impl<F: Fs> Log<F> {
     }
 
     /// Rolled segments whose bytes are all on disk get their exact size (no padding) and
-    /// their index files, once.
+    /// their index files, once. The flusher, the retention timer and `close` all call it;
+    /// the segment-file lock keeps it from running beside another call, a truncation or a
+    /// deletion, any of which would have it write index files for a segment that is gone or
+    /// mark a new segment with the same base finished.
     async fn finish_closed_segments(&self) -> Result<(), LogError> {
+        let _files = if unfix::undone(unfix::FINISH_LOCK) {
+            None
+        } else {
+            Some(self.files.lock().await)
+        };
         loop {
             let next = {
-                let mut st = self.state.borrow_mut();
+                let st = self.state.borrow();
                 st.segments
-                    .iter_mut()
-                    .find(|s| {
-                        s.closed
-                            && !s.finalized
-                            && !s.finalizing
-                            && s.synced == s.size
-                            && s.file.is_some()
-                    })
+                    .iter()
+                    .find(|s| s.closed && !s.finalized && s.synced == s.size && s.file.is_some())
                     .map(|seg| {
-                        seg.finalizing = true;
                         (
                             seg.base_offset,
                             seg.file.clone().expect("checked"),
@@ -622,7 +632,6 @@ impl<F: Fs> Log<F> {
             .await?;
             let mut st = self.state.borrow_mut();
             if let Some(seg) = find_segment_mut(&mut st.segments, base) {
-                seg.finalizing = false;
                 seg.finalized = true;
                 seg.file = None;
             }
@@ -860,6 +869,7 @@ impl<F: Fs> Log<F> {
     }
 
     async fn delete_segments_below(&self, start: i64) -> Result<(), LogError> {
+        let _files = self.files.lock().await;
         let doomed: Vec<Segment<F>> = {
             let mut st = self.state.borrow_mut();
             let keep_from = st
@@ -874,14 +884,20 @@ impl<F: Fs> Log<F> {
             }
             doomed
         };
-        for seg in doomed {
+        if doomed.is_empty() {
+            return Ok(());
+        }
+        for seg in &doomed {
             remove_files(
                 &self.fs,
                 &[seg.log_path(), seg.index_path(), seg.time_index_path()],
             )?;
             tracing::info!(dir = %self.dir.display(), base = seg.base_offset, "deleted segment");
         }
-        Ok(())
+        // The new log start is already durable, so any subset of these deletions may come
+        // back after a power loss without harm (open keeps segments below the start); the
+        // sync frees their space for good.
+        sync_dir(&self.fs, &self.dir).await
     }
 
     /// Removes every batch at or after `offset`, which must be a batch boundary in
@@ -910,6 +926,7 @@ impl<F: Fs> Log<F> {
             }
         }
         self.quiesce("truncating").await?;
+        let _files = self.files.lock().await;
         // From here on the files change: an error part-way leaves memory and disk
         // disagreeing, so the log takes nothing more until a restart reopens what is on disk.
         let cut = self.cut(offset, now_ms).await;
@@ -970,8 +987,17 @@ impl<F: Fs> Log<F> {
             .map_err(|e| io_error("syncing", &path, e))?;
         let _ = file.close().await;
         recover_segment(&self.fs, &mut seg, true, &config).await?;
-        assert_eq!(seg.next_offset, offset, "truncated segment ends elsewhere");
-        assert_eq!(seg.size, cut, "truncated segment has another size");
+        if seg.next_offset != offset || seg.size != cut {
+            // The file changed under the log (or the disk returned other bytes): the caller
+            // fails the log rather than trust either picture.
+            return Err(LogError::Corrupt(format!(
+                "{}: cut at byte {cut} for offset {offset}, but the rescan found {} bytes \
+                 ending at offset {}",
+                path.display(),
+                seg.size,
+                seg.next_offset
+            )));
+        }
         let mut st = self.state.borrow_mut();
         *st.segments.last_mut().expect("kept segment") = seg;
         st.end = offset;
@@ -1037,6 +1063,7 @@ impl<F: Fs> Log<F> {
             return Err(e.clone());
         }
         self.quiesce("restarting").await?;
+        let _files = self.files.lock().await;
         let doomed: Vec<Segment<F>> = self.state.borrow_mut().segments.drain(..).collect();
         {
             let mut st = self.state.borrow_mut();

@@ -49,8 +49,6 @@ pub(crate) struct Segment<F: Fs> {
     pub closed: bool,
     /// Closed, fully written, trimmed, and its index files written.
     pub finalized: bool,
-    /// `finalized` is being established (its files are being written).
-    pub finalizing: bool,
     /// Copy of the partial last page on disk, `[synced rounded down to 4096, synced)`, which
     /// the next Direct I/O write rewrites whole.
     pub tail: Vec<u8>,
@@ -75,7 +73,6 @@ impl<F: Fs> Segment<F> {
             created_ms: now_ms,
             closed: false,
             finalized: false,
-            finalizing: false,
             tail: Vec::new(),
         }
     }

@@ -40,8 +40,9 @@ struct Args {
     /// its term back; `h` leaves out check quorum, so a deaf leader keeps its followers
     /// from electing another (run it with `--deaf`); with `--log`, `g-open` calls a
     /// recovered tail durable without an fsync, `g-truncate` cuts a segment without
-    /// syncing the deletions before it, and `g-index` leaves stale index files of a cut
-    /// segment to be trusted. May be given more than once.
+    /// syncing the deletions before it, `g-index` leaves stale index files of a cut
+    /// segment to be trusted, and `g-finish` lets the retention timer finish rolled
+    /// segments while a truncation or restart reshapes them. May be given more than once.
     #[arg(long)]
     unfix: Vec<String>,
     /// With `--seed`: run only these events of its schedule (comma-separated indexes).
@@ -83,7 +84,7 @@ fn main() -> ExitCode {
             (_, true, Some(flag)) => undo |= flag,
             (other, _, _) => {
                 eprintln!(
-                    "ferrolog-sim: unknown --unfix {other:?} (known: a, h; with --log: g-open, g-truncate, g-index)"
+                    "ferrolog-sim: unknown --unfix {other:?} (known: a, h; with --log: g-open, g-truncate, g-index, g-finish)"
                 );
                 return ExitCode::from(2);
             }

@@ -1,6 +1,7 @@
 //! io/'s real `Log` on a simulated disk ([`super::fs`]), killed and powered off at random
 //! moments while a workload uses it as the Raft store does: appends, waits for durability,
-//! truncates its tail, moves its start. Each life ends in a process crash (the page cache
+//! truncates its tail, moves its start, while a timer asks for the retention point (which
+//! finishes rolled segments beside all of that). Each life ends in a process crash (the page cache
 //! survives) or a power loss (only what was synced survives, torn at sector granularity),
 //! and some fsyncs fail. After every restart the checker reads the whole log back from disk:
 //! - it opens (no damage reported, no overlapping segments);
@@ -8,7 +9,8 @@
 //!   workload appended at that offset, so nothing truncated or deleted comes back;
 //! - every batch acknowledged durable (`wait_durable` answered, or a log that called it
 //!   durable at open) is still there, unless a truncation began to drop it since;
-//! - the log start is never below one that `advance_start` returned.
+//! - the log start is never below one that `advance_start` returned;
+//! - the log never fails but on a failed fsync.
 //!
 //! `LogOptions::undo` undoes defect g's fixes ([`ferrolog_io::log::unfix`]), to show the
 //! checker finds what they fix.
@@ -182,7 +184,34 @@ async fn life(fs: SimFs, dir: PathBuf, model: Shared, work: bool) {
         if random_u64().is_multiple_of(4) {
             SimRuntime::sleep(Duration::from_millis(random_u64() % 2000)).await;
         }
+        // The broker's shard timer asks for the retention point while Raft appends and
+        // truncates: it finishes rolled segments concurrently with everything else.
+        let (l, m) = (log.clone(), model.clone());
+        spawn_here(async move { retention(&l, &m).await });
         workload(&log, &model).await;
+    }
+}
+
+/// Asks for the retention point now and then, as the shard timer does.
+async fn retention(log: &Rc<Log<SimFs>>, model: &Shared) {
+    loop {
+        SimRuntime::sleep(Duration::from_millis(random_u64() % 200)).await;
+        let bytes = match random_u64() % 3 {
+            0 => 3000,
+            _ => -1,
+        };
+        if let Err(e) = log.retention_point(now_ms(), -1, bytes).await {
+            failed_by_itself(&e.to_string(), model);
+        }
+    }
+}
+
+/// A log may fail only on a failed fsync; any other failure is a defect.
+fn failed_by_itself(error: &str, model: &Shared) {
+    if !error.contains("simulated EIO") {
+        model
+            .borrow_mut()
+            .violate(format!("the log failed: {error}"));
     }
 }
 
@@ -266,7 +295,8 @@ async fn check(log: &Rc<Log<SimFs>>, model: &Shared) -> bool {
 /// process is killed.
 async fn workload(log: &Rc<Log<SimFs>>, model: &Shared) {
     loop {
-        if log.failure().is_some() {
+        if let Some(e) = log.failure() {
+            failed_by_itself(&e.to_string(), model);
             // A failed log takes nothing more; the next crash restarts it.
             SimRuntime::sleep(Duration::from_secs(10)).await;
             continue;
@@ -401,10 +431,11 @@ async fn restart_at(log: &Rc<Log<SimFs>>, model: &Shared) {
 }
 
 /// Defect g's fixes that `--unfix` undoes, by the name it takes.
-pub const UNFIXES: [(&str, u8); 3] = [
+pub const UNFIXES: [(&str, u8); 4] = [
     ("g-open", unfix::OPEN_SYNC),
     ("g-truncate", unfix::TRUNCATE_DIR_SYNC),
     ("g-index", unfix::STALE_INDEXES),
+    ("g-finish", unfix::FINISH_LOCK),
 ];
 
 /// The command that replays a run.

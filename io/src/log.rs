@@ -63,6 +63,14 @@ pub mod unfix {
     /// Finishing rolled segments holds the segment-file lock, so it never runs beside a
     /// truncation, a restart or a deletion of segments.
     pub const FINISH_LOCK: u8 = 8;
+    /// Moving the log start holds the segment-file lock, so concurrent moves write the start
+    /// file in order.
+    pub const START_LOCK: u8 = 16;
+    /// A read that opens a segment's file checks the segment is still the one it planned
+    /// on, and plans again if it went or was remade.
+    pub const RESHAPED_READ: u8 = 32;
+    /// A failed log refuses to move its start.
+    pub const FAILED_START: u8 = 64;
 
     /// Undoes the fixes in `undone` (a set of the flags above) on this thread.
     pub fn set(undone: u8) {
@@ -673,6 +681,38 @@ impl<F: Fs> Log<F> {
         limit_offset: i64,
         oversized_first: bool,
     ) -> Result<Bytes, LogError> {
+        // A retention, truncation or restart may delete or remake a segment while a read of
+        // it waits on the disk: the read then plans again on the log as it now is (and finds
+        // the offset out of range if it went). Each round needs another such change.
+        for _ in 0..RESHAPED_READ_ROUNDS {
+            let read = self
+                .read_planned(
+                    below_start,
+                    offset,
+                    max_bytes,
+                    limit_offset,
+                    oversized_first,
+                )
+                .await?;
+            if let Some(bytes) = read {
+                return Ok(bytes);
+            }
+        }
+        Err(LogError::Io(format!(
+            "{}: the segments changed under {RESHAPED_READ_ROUNDS} reads at offset {offset} in a row",
+            self.dir.display()
+        )))
+    }
+
+    /// One round of `read_above`: `None` when a segment it planned to read is gone or remade.
+    async fn read_planned(
+        &self,
+        below_start: bool,
+        offset: i64,
+        max_bytes: usize,
+        limit_offset: i64,
+        oversized_first: bool,
+    ) -> Result<Option<Bytes>, LogError> {
         let (limit, from_cache, disk_plan) = {
             let st = self.state.borrow();
             let floor = if below_start {
@@ -689,7 +729,7 @@ impl<F: Fs> Log<F> {
             }
             let limit = limit_offset.min(st.durable);
             if offset >= limit {
-                return Ok(Bytes::new());
+                return Ok(Some(Bytes::new()));
             }
             if st.cache.front().is_some_and(|(base, _, _)| *base <= offset) {
                 (
@@ -705,14 +745,17 @@ impl<F: Fs> Log<F> {
             let first_too_big =
                 BatchHeader::parse(&bytes).is_ok_and(|h| h.total_bytes() > max_bytes);
             if first_too_big && !oversized_first {
-                return Ok(Bytes::new());
+                return Ok(Some(Bytes::new()));
             }
-            return Ok(bytes);
+            return Ok(Some(bytes));
         }
-        for (base, reader, start_pos, end_pos, seg_offset) in disk_plan {
+        for (base, generation, reader, start_pos, end_pos, seg_offset) in disk_plan {
             let file = match reader {
                 Some(f) => f,
-                None => self.open_segment_reader(base).await?,
+                None => match self.open_segment_reader(base, generation).await? {
+                    Some(f) => f,
+                    None => return Ok(None),
+                },
             };
             let read = read_from_segment(
                 &*file,
@@ -727,27 +770,40 @@ impl<F: Fs> Log<F> {
             )
             .await?;
             if let Some(bytes) = read {
-                return Ok(bytes);
+                return Ok(Some(bytes));
             }
         }
-        Ok(Bytes::new())
+        Ok(Some(Bytes::new()))
     }
 
     /// Read handles are opened on the first read that misses the tail cache, so a partition
     /// read only from the cache (most of 10,000 busy partitions) holds one descriptor, not two.
-    async fn open_segment_reader(&self, base: i64) -> Result<Rc<F::Reader>, LogError> {
+    /// `None` when the segment planned on (`base`, `generation`) is gone or was remade, before
+    /// or while its file opened: the handle could be for another file, or none.
+    async fn open_segment_reader(
+        &self,
+        base: i64,
+        generation: u64,
+    ) -> Result<Option<Rc<F::Reader>>, LogError> {
         let path = self
             .dir
             .join(format!("{}.log", crate::segment::file_stem(base)));
-        let reader = open_reader(&self.fs, &path).await?;
+        let opened = open_reader(&self.fs, &path).await;
         let mut st = self.state.borrow_mut();
-        if let Some(seg) = find_segment_mut(&mut st.segments, base) {
-            match &seg.reader {
-                Some(existing) => return Ok(existing.clone()),
-                None => seg.reader = Some(reader.clone()),
-            }
+        if unfix::undone(unfix::RESHAPED_READ) {
+            let reader = opened?;
+            return Ok(Some(match find_segment_mut(&mut st.segments, base) {
+                Some(seg) => seg.reader.get_or_insert(reader).clone(),
+                None => reader,
+            }));
         }
-        Ok(reader)
+        let Some(seg) =
+            find_segment_mut(&mut st.segments, base).filter(|s| s.generation == generation)
+        else {
+            return Ok(None);
+        };
+        let reader = opened?;
+        Ok(Some(seg.reader.get_or_insert(reader).clone()))
     }
 
     /// The first batch, at or after `log_start`, whose largest timestamp is >= `timestamp`.
@@ -792,8 +848,24 @@ impl<F: Fs> Log<F> {
 
     /// Moves the log start forward (DeleteRecords) and deletes segments wholly below it.
     pub async fn advance_start(&self, new_start: i64) -> Result<i64, LogError> {
+        // Under the segment-file lock, so concurrent calls (retention beside DeleteRecords)
+        // write the start file in the order they move the start: the file never goes back.
+        let _files = if unfix::undone(unfix::START_LOCK) {
+            None
+        } else {
+            Some(self.files.lock().await)
+        };
         let start = {
             let mut st = self.state.borrow_mut();
+            // A failed log's memory may not match its disk (a truncation or restart failed
+            // part-way): it moves nothing until a restart reopens what is there.
+            if let Some(e) = st
+                .failed
+                .as_ref()
+                .filter(|_| !unfix::undone(unfix::FAILED_START))
+            {
+                return Err(e.clone());
+            }
             if new_start > st.durable {
                 return Err(LogError::OffsetOutOfRange {
                     requested: new_start,
@@ -868,8 +940,8 @@ impl<F: Fs> Log<F> {
         Ok(new_start)
     }
 
+    /// Deletes the closed segments wholly below `start`; the caller holds `files`.
     async fn delete_segments_below(&self, start: i64) -> Result<(), LogError> {
-        let _files = self.files.lock().await;
         let doomed: Vec<Segment<F>> = {
             let mut st = self.state.borrow_mut();
             let keep_from = st
@@ -1184,9 +1256,12 @@ fn collect_cached(
     }
 }
 
-/// A segment to read from: its base, its read handle if already open, the position to start
+/// A segment to read from: its base and generation, its read handle if already open, the position to start
 /// at, the durable end, and the offset to look for.
-type ReadPlan<R> = (i64, Option<Rc<R>>, u64, u64, i64);
+type ReadPlan<R> = (i64, u64, Option<Rc<R>>, u64, u64, i64);
+
+/// How many times in a row a read plans again after segments change under it.
+const RESHAPED_READ_ROUNDS: usize = 3;
 
 /// For a read at `offset`: the segments to try in order. Usually one; more when the offset
 /// falls in a gap.
@@ -1201,6 +1276,7 @@ fn plan_disk_read<F: Fs>(segments: &[Segment<F>], offset: i64) -> Vec<ReadPlan<F
             let target = offset.max(s.base_offset);
             (
                 s.base_offset,
+                s.generation,
                 s.reader.clone(),
                 s.position_for(target),
                 s.synced,

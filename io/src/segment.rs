@@ -9,6 +9,7 @@
 
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::batch::BatchHeader;
 use crate::fs::Fs;
@@ -18,9 +19,15 @@ pub fn file_stem(base_offset: i64) -> String {
     format!("{base_offset:020}")
 }
 
+static NEXT_GENERATION: AtomicU64 = AtomicU64::new(0);
+
 /// In-memory state of one segment. Owned by its `Log`; only the owning shard touches it.
 pub(crate) struct Segment<F: Fs> {
     pub base_offset: i64,
+    /// Unique to this segment among all a process makes: a segment made again at the same
+    /// base (a restart or a cut) is another segment, and a read planned on the old one must
+    /// not cache a handle for the new one.
+    pub generation: u64,
     /// `<dir>/<20-digit base>` without extension.
     pub path_stem: PathBuf,
     /// Created by the flusher on first write; `None` for a segment nothing was written to yet.
@@ -58,6 +65,7 @@ impl<F: Fs> Segment<F> {
     pub fn new(dir: &Path, base_offset: i64, now_ms: i64) -> Segment<F> {
         Segment {
             base_offset,
+            generation: NEXT_GENERATION.fetch_add(1, Ordering::Relaxed),
             path_stem: dir.join(file_stem(base_offset)),
             file: None,
             reader: None,

@@ -41,8 +41,11 @@ struct Args {
     /// from electing another (run it with `--deaf`); with `--log`, `g-open` calls a
     /// recovered tail durable without an fsync, `g-truncate` cuts a segment without
     /// syncing the deletions before it, `g-index` leaves stale index files of a cut
-    /// segment to be trusted, and `g-finish` lets the retention timer finish rolled
-    /// segments while a truncation or restart reshapes them. May be given more than once.
+    /// segment to be trusted, `g-finish` lets the retention timer finish rolled segments
+    /// while a truncation or restart reshapes them, `g-start` moves the log start without
+    /// the segment-file lock, `g-read` trusts a segment file a read opened after the
+    /// segment went, and `g-failed` lets a failed log move its start. May be given more
+    /// than once.
     #[arg(long)]
     unfix: Vec<String>,
     /// With `--seed`: run only these events of its schedule (comma-separated indexes).
@@ -84,7 +87,7 @@ fn main() -> ExitCode {
             (_, true, Some(flag)) => undo |= flag,
             (other, _, _) => {
                 eprintln!(
-                    "ferrolog-sim: unknown --unfix {other:?} (known: a, h; with --log: g-open, g-truncate, g-index, g-finish)"
+                    "ferrolog-sim: unknown --unfix {other:?} (known: a, h; with --log: g-open, g-truncate, g-index, g-finish, g-start, g-read, g-failed)"
                 );
                 return ExitCode::from(2);
             }

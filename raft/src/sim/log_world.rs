@@ -12,10 +12,16 @@
 //! - the log start is never below one that `advance_start` returned;
 //! - the log never fails but on a failed fsync.
 //!
+//! Beside the workload, a purger moves the start up to the commit point (as the replica
+//! does off the Raft task, for retention and DeleteRecords) and readers read at random
+//! offsets: each batch a read returns must be one appended at that offset and not truncated
+//! away before the read began.
+//!
 //! `LogOptions::undo` undoes defect g's fixes ([`ferrolog_io::log::unfix`]), to show the
 //! checker finds what they fix.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::Duration;
@@ -80,6 +86,15 @@ struct Model {
     generation: u64,
     /// The highest log start `advance_start` returned.
     start_floor: i64,
+    /// A batch boundary no truncation goes below and no purge goes above, as Raft's commit
+    /// index bounds them.
+    committed: i64,
+    /// Where each batch was appended, by id.
+    appended: HashMap<i64, (i64, i64)>,
+    /// For each batch truncated or restarted away, the removal count when it went.
+    removed: HashMap<i64, u64>,
+    /// Truncations and restarts that have returned (and lives that lost batches).
+    removals: u64,
     next_id: i64,
     violation: Option<String>,
     stats: LogStats,
@@ -88,6 +103,15 @@ struct Model {
 impl Model {
     fn violate(&mut self, what: String) {
         self.violation.get_or_insert(what);
+    }
+
+    /// Batches that are gone from the log from now on.
+    fn remove(&mut self, gone: impl Iterator<Item = i64>) {
+        self.removals += 1;
+        let now = self.removals;
+        for id in gone {
+            self.removed.entry(id).or_insert(now);
+        }
     }
 }
 
@@ -188,6 +212,12 @@ async fn life(fs: SimFs, dir: PathBuf, model: Shared, work: bool) {
         // truncates: it finishes rolled segments concurrently with everything else.
         let (l, m) = (log.clone(), model.clone());
         spawn_here(async move { retention(&l, &m).await });
+        let (l, m) = (log.clone(), model.clone());
+        spawn_here(async move { purger(&l, &m).await });
+        for _ in 0..2 {
+            let (l, m) = (log.clone(), model.clone());
+            spawn_here(async move { reader(&l, &m).await });
+        }
         workload(&log, &model).await;
     }
 }
@@ -202,6 +232,86 @@ async fn retention(log: &Rc<Log<SimFs>>, model: &Shared) {
         };
         if let Err(e) = log.retention_point(now_ms(), -1, bytes).await {
             failed_by_itself(&e.to_string(), model);
+        }
+    }
+}
+
+/// Moves the start up to the commit point now and then, off the workload's task, as the
+/// replica applies retention and DeleteRecords beside Raft's appends and truncations.
+async fn purger(log: &Rc<Log<SimFs>>, model: &Shared) {
+    loop {
+        SimRuntime::sleep(Duration::from_millis(random_u64() % 300)).await;
+        let to = {
+            let m = model.borrow();
+            let boundaries: Vec<i64> = m
+                .batches
+                .iter()
+                .map(|b| b.0)
+                .filter(|&b| b <= m.committed && b > log.start_offset())
+                .collect();
+            match boundaries.len() {
+                0 => continue,
+                n => boundaries[(random_u64() as usize) % n],
+            }
+        };
+        match log.advance_start(to).await {
+            Ok(start) => {
+                let mut m = model.borrow_mut();
+                m.start_floor = m.start_floor.max(start);
+                m.stats.start_moves += 1;
+            }
+            Err(e) => failed_by_itself(&e.to_string(), model),
+        }
+    }
+}
+
+/// Reads at random offsets below the commit point and checks each batch read against what the workload did.
+async fn reader(log: &Rc<Log<SimFs>>, model: &Shared) {
+    loop {
+        SimRuntime::sleep(Duration::from_micros(random_u64() % 20_000)).await;
+        // Fetch reads below the high watermark, which truncations never go below.
+        let (start, end) = (log.start_offset(), model.borrow().committed);
+        if end <= start {
+            continue;
+        }
+        let offset = start + (random_u64() % (end - start) as u64) as i64;
+        let began = model.borrow().removals;
+        let bytes = match log.read(offset, 4096, end, true).await {
+            Ok(b) => b,
+            Err(e) => {
+                let out_of_range = matches!(e, ferrolog_io::LogError::OffsetOutOfRange { .. });
+                if !out_of_range && !e.to_string().contains("simulated EIO") {
+                    model
+                        .borrow_mut()
+                        .violate(format!("a read at {offset} failed: {e}"));
+                }
+                continue;
+            }
+        };
+        let mut rest = &bytes[..];
+        let mut m = model.borrow_mut();
+        while !rest.is_empty() {
+            let h = match batch::verify(rest) {
+                Ok(h) => h,
+                Err(e) => {
+                    m.violate(format!("a read at {offset} returned a bad batch: {e}"));
+                    break;
+                }
+            };
+            let id = h.max_timestamp;
+            let at = (h.base_offset, h.next_offset());
+            let appended = m.appended.get(&id).copied();
+            if appended != Some(at) {
+                m.violate(format!(
+                    "a read at {offset} returned batch #{id} at {at:?}, appended at {appended:?}"
+                ));
+            } else if m.removed.get(&id).is_some_and(|&gone| gone <= began) {
+                m.violate(format!(
+                    "a read at {offset} returned batch #{id} at {at:?}, removed before the \
+                     read began"
+                ));
+            }
+            rest = &rest[h.total_bytes()..];
         }
     }
 }
@@ -285,8 +395,18 @@ async fn check(log: &Rc<Log<SimFs>>, model: &Shared) -> bool {
         m.violate(f);
         return false;
     }
+    let kept: Vec<i64> = got.iter().map(|b| b.2).collect();
+    let lost: Vec<i64> = m
+        .batches
+        .iter()
+        .map(|b| b.2)
+        .filter(|id| !kept.contains(id))
+        .collect();
+    m.remove(lost.into_iter());
     m.batches = got;
     m.acked = m.acked.min(end);
+    // What survived a restart is what Raft may treat as committed no further than it was.
+    m.committed = m.committed.min(m.acked).max(start);
     m.stats.checks += 1;
     true
 }
@@ -313,6 +433,7 @@ async fn workload(log: &Rc<Log<SimFs>>, model: &Shared) {
             68..74 => truncate(log, model).await,
             74..77 => advance_start(log, model).await,
             77 => restart_at(log, model).await,
+            78..82 => commit(log, model),
             _ => SimRuntime::sleep(Duration::from_micros(random_u64() % 5000)).await,
         }
     }
@@ -334,6 +455,7 @@ fn append(log: &Rc<Log<SimFs>>, model: &Shared) {
     {
         let mut m = model.borrow_mut();
         m.batches.push((info.base_offset, next, id));
+        m.appended.insert(id, (info.base_offset, next));
         m.stats.appended += 1;
     }
     if random_u64().is_multiple_of(2) {
@@ -361,7 +483,7 @@ async fn truncate(log: &Rc<Log<SimFs>>, model: &Shared) {
             .rev()
             .take(12)
             .map(|b| b.0)
-            .filter(|&b| b >= start)
+            .filter(|&b| b >= start && b >= m.committed)
             .collect();
         if candidates.is_empty() {
             return;
@@ -373,6 +495,13 @@ async fn truncate(log: &Rc<Log<SimFs>>, model: &Shared) {
     };
     if log.truncate(offset, now_ms()).await.is_ok() {
         let mut m = model.borrow_mut();
+        let gone: Vec<i64> = m
+            .batches
+            .iter()
+            .filter(|b| b.0 >= offset)
+            .map(|b| b.2)
+            .collect();
+        m.remove(gone.into_iter());
         m.batches.retain(|b| b.0 < offset);
         m.stats.truncations += 1;
     }
@@ -402,6 +531,21 @@ async fn advance_start(log: &Rc<Log<SimFs>>, model: &Shared) {
     }
 }
 
+/// Moves the commit point to a durable batch boundary, as Raft commits entries.
+fn commit(log: &Rc<Log<SimFs>>, model: &Shared) {
+    let mut m = model.borrow_mut();
+    let durable = log.durable_offset().min(m.acked);
+    let boundaries: Vec<i64> = m
+        .batches
+        .iter()
+        .map(|b| b.0)
+        .filter(|&b| b > m.committed && b <= durable)
+        .collect();
+    if let Some(&to) = boundaries.get((random_u64() as usize) % boundaries.len().max(1)) {
+        m.committed = to;
+    }
+}
+
 /// Empties the log and starts it again, past its end or within it, as a follower that takes
 /// a leader's snapshot does. Nothing durable is promised while it runs: a crash part-way may
 /// leave a prefix of the old log's segments (even one ending below its start), or an empty
@@ -411,8 +555,9 @@ async fn restart_at(log: &Rc<Log<SimFs>>, model: &Shared) {
     let offset = if random_u64().is_multiple_of(2) {
         end + (random_u64() % 50) as i64
     } else {
-        let start = log.start_offset();
-        start + (random_u64() % (end - start + 1) as u64) as i64
+        // A snapshot a follower installs is never behind its commit point.
+        let from = log.start_offset().max(model.borrow().committed);
+        from + (random_u64() % (end - from + 1) as u64) as i64
     };
     {
         let mut m = model.borrow_mut();
@@ -420,22 +565,29 @@ async fn restart_at(log: &Rc<Log<SimFs>>, model: &Shared) {
         let floor = log.whole_batches_start();
         m.acked = m.acked.min(floor);
         m.start_floor = m.start_floor.min(floor);
+        m.committed = m.committed.min(floor);
     }
     if log.restart_at(offset, now_ms()).await.is_ok() {
         let mut m = model.borrow_mut();
+        let gone: Vec<i64> = m.batches.iter().map(|b| b.2).collect();
+        m.remove(gone.into_iter());
         m.batches.clear();
+        m.committed = offset;
         m.start_floor = m.start_floor.max(offset);
         m.acked = offset;
         m.stats.restarts += 1;
     }
 }
 
-/// Defect g's fixes that `--unfix` undoes, by the name it takes.
-pub const UNFIXES: [(&str, u8); 4] = [
+/// The log's fixes (defect g and its kin) that `--unfix` undoes, by the name it takes.
+pub const UNFIXES: [(&str, u8); 7] = [
     ("g-open", unfix::OPEN_SYNC),
     ("g-truncate", unfix::TRUNCATE_DIR_SYNC),
     ("g-index", unfix::STALE_INDEXES),
     ("g-finish", unfix::FINISH_LOCK),
+    ("g-start", unfix::START_LOCK),
+    ("g-read", unfix::RESHAPED_READ),
+    ("g-failed", unfix::FAILED_START),
 ];
 
 /// The command that replays a run.

@@ -43,41 +43,47 @@ pub struct AppendInfo {
     pub last_offset: i64,
 }
 
-/// Simulation only: four fixes of issue 17's defect g that ferrolog-sim can undo on its own
+/// Simulation only: fixes of issue 17's defect g that ferrolog-sim can undo on its own
 /// thread, to show that its checker finds the defects they fix. Nothing else sets them.
 #[doc(hidden)]
 pub mod unfix {
     use std::cell::Cell;
 
     thread_local! {
-        static UNDONE: Cell<u8> = const { Cell::new(0) };
+        static UNDONE: Cell<u16> = const { Cell::new(0) };
     }
 
     /// At open, the recovered tail is fsynced before the log calls it durable.
-    pub const OPEN_SYNC: u8 = 1;
+    pub const OPEN_SYNC: u16 = 1;
     /// A truncation syncs the directory after deleting later segments, before the cut.
-    pub const TRUNCATE_DIR_SYNC: u8 = 2;
+    pub const TRUNCATE_DIR_SYNC: u16 = 2;
     /// A cut removes a closed segment's index files durably first, and open removes the
     /// last segment's, so stale index files are never trusted.
-    pub const STALE_INDEXES: u8 = 4;
+    pub const STALE_INDEXES: u16 = 4;
     /// Finishing rolled segments holds the segment-file lock, so it never runs beside a
     /// truncation, a restart or a deletion of segments.
-    pub const FINISH_LOCK: u8 = 8;
+    pub const FINISH_LOCK: u16 = 8;
     /// Moving the log start holds the segment-file lock, so concurrent moves write the start
     /// file in order.
-    pub const START_LOCK: u8 = 16;
-    /// A read that opens a segment's file checks the segment is still the one it planned
-    /// on, and plans again if it went or was remade.
-    pub const RESHAPED_READ: u8 = 32;
+    pub const START_LOCK: u16 = 16;
+    /// A read that opens a segment's file, or has read from it, checks the segment is still
+    /// the one it planned on, and plans again if it went, was cut or was remade.
+    pub const RESHAPED_READ: u16 = 32;
     /// A failed log refuses to move its start.
-    pub const FAILED_START: u8 = 64;
+    pub const FAILED_START: u16 = 64;
+    /// Open deletes index files whose segment's log file is gone, before a segment made
+    /// later at the same base could trust them.
+    pub const ORPHAN_INDEXES: u16 = 128;
+    /// A truncation lowers the log end before it cuts the file, so reads planned meanwhile
+    /// stop below the cut, and a read ends at bytes past its limit that are no batch.
+    pub const CUT_READ: u16 = 256;
 
     /// Undoes the fixes in `undone` (a set of the flags above) on this thread.
-    pub fn set(undone: u8) {
+    pub fn set(undone: u16) {
         UNDONE.with(|u| u.set(undone));
     }
 
-    pub(crate) fn undone(fix: u8) -> bool {
+    pub(crate) fn undone(fix: u16) -> bool {
         UNDONE.with(|u| u.get() & fix != 0)
     }
 }
@@ -156,18 +162,15 @@ impl<F: Fs> Log<F> {
                 sync_dir(&fs, parent).await?;
             }
         }
-        let mut bases = Vec::new();
         let names = fs.list(dir).map_err(|e| io_error("listing", dir, e))?;
-        for name in names {
-            if let Some(stem) = name.strip_suffix(".log") {
-                if let Ok(base) = stem.parse::<i64>() {
-                    if stem.len() == 20 {
-                        bases.push(base);
-                    }
-                }
-            }
-        }
+        let mut bases: Vec<i64> = names
+            .iter()
+            .filter_map(|name| name.strip_suffix(".log").and_then(segment_base))
+            .collect();
         bases.sort_unstable();
+        if !unfix::undone(unfix::ORPHAN_INDEXES) {
+            remove_orphan_indexes(&fs, dir, &names, &bases)?;
+        }
         let mut segments = Vec::with_capacity(bases.len().max(1));
         for (i, &base) in bases.iter().enumerate() {
             let last = i + 1 == bases.len();
@@ -193,11 +196,7 @@ impl<F: Fs> Log<F> {
             }
             segments.push(segment);
         }
-        let persisted_start = fs
-            .read(&dir.join(LOG_START_FILE))
-            .ok()
-            .and_then(|s| String::from_utf8(s).ok())
-            .and_then(|s| s.trim().parse::<i64>().ok());
+        let persisted_start = read_log_start(&fs, &dir.join(LOG_START_FILE))?;
         if segments.is_empty() {
             // Retention may have deleted every segment before a crash: offsets go on from the
             // persisted log start, never back to 0.
@@ -208,8 +207,8 @@ impl<F: Fs> Log<F> {
             ));
         }
         // A truncation or retention cut short by the crash may have deleted segments without
-        // syncing the directory: make what this open found the durable state before
-        // anything is appended to it.
+        // syncing the directory: make what this open found (and the orphaned index files it
+        // removed) the durable state before anything is appended to it.
         sync_dir(&fs, dir).await?;
         let first_base = segments[0].base_offset;
         let end = segments.last().expect("at least one segment").next_offset;
@@ -768,12 +767,23 @@ impl<F: Fs> Log<F> {
                 limit,
                 oversized_first,
             )
-            .await?;
-            if let Some(bytes) = read {
+            .await;
+            // A cut shortens the file in place and appends then reuse its positions, so the
+            // bytes count only if the segment planned on is still there, unchanged (`cut`
+            // renews its generation before it touches the file); else the caller plans again.
+            if !unfix::undone(unfix::RESHAPED_READ) && !self.has_segment(base, generation) {
+                return Ok(None);
+            }
+            if let Some(bytes) = read? {
                 return Ok(Some(bytes));
             }
         }
         Ok(Some(Bytes::new()))
+    }
+
+    fn has_segment(&self, base: i64, generation: u64) -> bool {
+        find_segment(&self.state.borrow().segments, base)
+            .is_some_and(|s| s.generation == generation)
     }
 
     /// Read handles are opened on the first read that misses the tail cache, so a partition
@@ -848,6 +858,11 @@ impl<F: Fs> Log<F> {
 
     /// Moves the log start forward (DeleteRecords) and deletes segments wholly below it.
     pub async fn advance_start(&self, new_start: i64) -> Result<i64, LogError> {
+        Ok(self.advance_start_deleting(new_start).await?.0)
+    }
+
+    /// `advance_start`, also telling how many segments it deleted.
+    async fn advance_start_deleting(&self, new_start: i64) -> Result<(i64, usize), LogError> {
         // Under the segment-file lock, so concurrent calls (retention beside DeleteRecords)
         // write the start file in the order they move the start: the file never goes back.
         let _files = if unfix::undone(unfix::START_LOCK) {
@@ -882,8 +897,8 @@ impl<F: Fs> Log<F> {
             start.to_string().into_bytes(),
         )
         .await?;
-        self.delete_segments_below(start).await?;
-        Ok(start)
+        let deleted = self.delete_segments_below(start).await?;
+        Ok((start, deleted))
     }
 
     /// Applies `retention.ms` and `retention.bytes`: deletes the oldest closed, fully durable
@@ -899,9 +914,9 @@ impl<F: Fs> Log<F> {
             .await?;
         match new_start {
             Some(start) if start > self.start_offset() => {
-                let before = self.state.borrow().segments.len();
-                self.advance_start(start).await?;
-                Ok(before - self.state.borrow().segments.len())
+                // Counted by the deletion itself: segments may roll while this waits for
+                // the segment-file lock.
+                Ok(self.advance_start_deleting(start).await?.1)
             }
             _ => Ok(0),
         }
@@ -940,8 +955,9 @@ impl<F: Fs> Log<F> {
         Ok(new_start)
     }
 
-    /// Deletes the closed segments wholly below `start`; the caller holds `files`.
-    async fn delete_segments_below(&self, start: i64) -> Result<(), LogError> {
+    /// Deletes the closed segments wholly below `start` and says how many; the caller holds
+    /// `files`.
+    async fn delete_segments_below(&self, start: i64) -> Result<usize, LogError> {
         let doomed: Vec<Segment<F>> = {
             let mut st = self.state.borrow_mut();
             let keep_from = st
@@ -957,7 +973,7 @@ impl<F: Fs> Log<F> {
             doomed
         };
         if doomed.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         for seg in &doomed {
             remove_files(
@@ -969,7 +985,8 @@ impl<F: Fs> Log<F> {
         // The new log start is already durable, so any subset of these deletions may come
         // back after a power loss without harm (open keeps segments below the start); the
         // sync frees their space for good.
-        sync_dir(&self.fs, &self.dir).await
+        sync_dir(&self.fs, &self.dir).await?;
+        Ok(doomed.len())
     }
 
     /// Removes every batch at or after `offset`, which must be a batch boundary in
@@ -981,24 +998,16 @@ impl<F: Fs> Log<F> {
     /// segment becomes the active one and is rescanned (with CRC checks) to rebuild its
     /// indexes: a cost proportional to the segment, paid only on a conflict.
     pub async fn truncate(&self, offset: i64, now_ms: i64) -> Result<(), LogError> {
-        {
-            let st = self.state.borrow();
-            if let Some(e) = &st.failed {
-                return Err(e.clone());
-            }
-            if offset < st.log_start || offset > st.end {
-                return Err(LogError::OffsetOutOfRange {
-                    requested: offset,
-                    log_start: st.log_start,
-                    log_end: st.end,
-                });
-            }
-            if offset == st.end {
-                return Ok(());
-            }
+        if !self.truncation_needed(offset)? {
+            return Ok(());
         }
         self.quiesce("truncating").await?;
         let _files = self.files.lock().await;
+        // Again under the lock: the start may have moved past `offset` (or the log failed)
+        // while this waited, and `cut` relies on a segment at or below `offset`.
+        if !self.truncation_needed(offset)? {
+            return Ok(());
+        }
         // From here on the files change: an error part-way leaves memory and disk
         // disagreeing, so the log takes nothing more until a restart reopens what is on disk.
         let cut = self.cut(offset, now_ms).await;
@@ -1006,6 +1015,23 @@ impl<F: Fs> Log<F> {
             self.fail(e.clone());
         }
         cut
+    }
+
+    /// Whether a truncation at `offset` has anything to remove; an error when the log failed
+    /// or `offset` is outside `[log start, log end]`.
+    fn truncation_needed(&self, offset: i64) -> Result<bool, LogError> {
+        let st = self.state.borrow();
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
+        }
+        if offset < st.log_start || offset > st.end {
+            return Err(LogError::OffsetOutOfRange {
+                requested: offset,
+                log_start: st.log_start,
+                log_end: st.end,
+            });
+        }
+        Ok(offset < st.end)
     }
 
     /// `truncate` once the flusher is idle.
@@ -1018,11 +1044,18 @@ impl<F: Fs> Log<F> {
                 .rposition(|s| s.base_offset <= offset)
                 .expect("a segment at or below an offset >= log start");
             let doomed: Vec<Segment<F>> = st.segments.drain(keep + 1..).collect();
-            let seg = &st.segments[keep];
+            // Reads planned from now on stop below the cut: the bytes past it may change at
+            // any await below (a read already under way plans again, by the generation).
+            if !unfix::undone(unfix::CUT_READ) {
+                lower_end(&mut st, offset);
+            }
+            let config = st.config.clone();
+            let seg = &mut st.segments[keep];
+            seg.renew_generation();
             (
                 doomed,
                 (seg.base_offset, seg.position_for(offset)),
-                st.config.clone(),
+                config,
                 seg.closed,
             )
         };
@@ -1072,10 +1105,7 @@ impl<F: Fs> Log<F> {
         }
         let mut st = self.state.borrow_mut();
         *st.segments.last_mut().expect("kept segment") = seg;
-        st.end = offset;
-        st.durable = offset;
-        st.cache.retain(|(b, _, _)| *b < offset);
-        st.cache_bytes = st.cache.iter().map(|(_, _, b)| b.len()).sum();
+        lower_end(&mut st, offset);
         for (_, tx) in st.durable_waiters.drain(..) {
             let _ = tx.send(Err(LogError::Truncated));
         }
@@ -1219,6 +1249,14 @@ async fn finish_segment_files<F: Fs>(
     Ok(())
 }
 
+/// Makes `offset` the log end (and durable end), dropping cached batches at or past it.
+fn lower_end<F: Fs>(st: &mut State<F>, offset: i64) {
+    st.end = offset;
+    st.durable = offset;
+    st.cache.retain(|(b, _, _)| *b < offset);
+    st.cache_bytes = st.cache.iter().map(|(_, _, b)| b.len()).sum();
+}
+
 fn find_segment<F: Fs>(segments: &[Segment<F>], base: i64) -> Option<&Segment<F>> {
     segments.iter().rev().find(|s| s.base_offset == base)
 }
@@ -1325,7 +1363,15 @@ async fn read_from_segment<R: FsReader>(
     let mut keep = 0;
     let mut rest = &r[..];
     while rest.len() >= HEADER_BYTES {
-        let header = BatchHeader::parse(rest).map_err(LogError::InvalidBatch)?;
+        // Past the first batch, bytes that are no batch end the read rather than fail it:
+        // while a truncation cuts this file and appends reuse it, whatever lies past the
+        // cut (at or past `limit`, which the cut lowered) may be padding or half-written. A
+        // read that starts there meets them as its first batch, and fails.
+        let header = match BatchHeader::parse(rest) {
+            Ok(header) => header,
+            Err(_) if keep > 0 && !unfix::undone(unfix::CUT_READ) => break,
+            Err(e) => return Err(LogError::InvalidBatch(e)),
+        };
         if header.base_offset >= limit || header.total_bytes() > rest.len() {
             break;
         }
@@ -1388,6 +1434,62 @@ fn remove_files<F: Fs>(fs: &F, paths: &[PathBuf]) -> Result<(), LogError> {
         }
     }
     Ok(())
+}
+
+/// The log start that `advance_start` or `restart_at` wrote, if any. Only a missing file
+/// means none: a file that cannot be read (EIO, too many open files) or holds no number
+/// fails the open, since guessing would start the log at its first segment and bring back
+/// records deleted below the start.
+fn read_log_start<F: Fs>(fs: &F, path: &Path) -> Result<Option<i64>, LogError> {
+    let bytes = match fs.read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_error("reading", path, e)),
+    };
+    let start = std::str::from_utf8(&bytes)
+        .ok()
+        .and_then(|s| s.trim().parse::<i64>().ok())
+        .filter(|start| *start >= 0);
+    match start {
+        Some(start) => Ok(Some(start)),
+        None => Err(LogError::Corrupt(format!(
+            "{}: not a log start offset: {:?}",
+            path.display(),
+            String::from_utf8_lossy(&bytes)
+        ))),
+    }
+}
+
+/// The base offset a segment file's stem names (20 digits), if it is one.
+fn segment_base(stem: &str) -> Option<i64> {
+    stem.parse::<i64>().ok().filter(|_| stem.len() == 20)
+}
+
+/// Removes index files whose segment's log file is gone. A power loss can keep any subset
+/// of a directory's unsynced deletions, so a deleted segment's index files may come back
+/// without its log file; a segment made later at the same base would then trust an index
+/// of other batches and fail to open. (Kafka's log loader deletes such orphans too.)
+fn remove_orphan_indexes<F: Fs>(
+    fs: &F,
+    dir: &Path,
+    names: &[String],
+    bases: &[i64],
+) -> Result<(), LogError> {
+    let orphans: Vec<PathBuf> = names
+        .iter()
+        .filter(|name| {
+            let stem = name
+                .strip_suffix(".index")
+                .or_else(|| name.strip_suffix(".timeindex"));
+            stem.and_then(segment_base)
+                .is_some_and(|base| bases.binary_search(&base).is_err())
+        })
+        .map(|name| dir.join(name))
+        .collect();
+    for path in &orphans {
+        tracing::info!(path = %path.display(), "deleting an index file whose segment is gone");
+    }
+    remove_files(fs, &orphans)
 }
 
 /// Byte position of the batch starting at `offset`, walking headers from `from`. The offset
@@ -1797,6 +1899,98 @@ mod tests {
             assert_eq!(read_all(&log, 0).await.len(), 29);
             append_n(&log, 1, 0).await;
             assert_eq!(log.end_offset(), 60);
+        });
+    }
+
+    #[test]
+    fn open_deletes_index_files_whose_segment_is_gone() {
+        let dir = tmpdir("orphans");
+        run(move || async move {
+            let log = Log::open(&dir, small(), 0).await.unwrap();
+            append_n(&log, 100, 0).await;
+            log.close().await.unwrap();
+            drop(log);
+            let files = |ext: &str| -> Vec<PathBuf> {
+                let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+                    .unwrap()
+                    .map(|e| e.unwrap().path())
+                    .filter(|p| p.extension().is_some_and(|x| x == ext))
+                    .collect();
+                v.sort();
+                v
+            };
+            let indexes = files("index");
+            assert!(indexes.len() >= 2, "closed segments have index files");
+            // A segment (past the end: truncated away) deleted before a power loss whose
+            // index files came back: a segment later made at that base would trust them.
+            let orphan = dir.join(format!("{}.index", crate::segment::file_stem(1000)));
+            std::fs::copy(&indexes[0], &orphan).unwrap();
+            std::fs::copy(
+                indexes[0].with_extension("timeindex"),
+                orphan.with_extension("timeindex"),
+            )
+            .unwrap();
+            let log = Log::open(&dir, small(), 0).await.unwrap();
+            assert!(!orphan.exists(), "orphaned index deleted");
+            assert!(!orphan.with_extension("timeindex").exists());
+            assert_eq!(
+                files("index"),
+                indexes,
+                "the segments' own index files stay"
+            );
+            assert_eq!(read_all(&log, 0).await.len(), 100);
+        });
+    }
+
+    #[test]
+    fn an_offset_index_without_its_time_index_is_rebuilt() {
+        let dir = tmpdir("lone-index");
+        run(move || async move {
+            let log = Log::open(&dir, small(), 0).await.unwrap();
+            append_n(&log, 100, 1000).await;
+            log.close().await.unwrap();
+            let first = |log: &Log| {
+                let st = log.state.borrow();
+                let seg = &st.segments[0];
+                (seg.max_timestamp, seg.time_index.clone())
+            };
+            let before = first(&log);
+            assert!(before.0 > 1000 && !before.1.is_empty());
+            let stem = log.state.borrow().segments[0].path_stem.clone();
+            drop(log);
+            // A finish cut short between the two files (or a power loss that kept one of
+            // them): the offset index is there, the time index is not.
+            std::fs::remove_file(stem.with_extension("timeindex")).unwrap();
+            assert!(stem.with_extension("index").exists());
+            let log = Log::open(&dir, small(), 0).await.unwrap();
+            assert_eq!(
+                first(&log),
+                before,
+                "the segment's timestamps are all known again"
+            );
+        });
+    }
+
+    #[test]
+    fn an_unreadable_log_start_fails_the_open() {
+        let dir = tmpdir("bad-start");
+        run(move || async move {
+            let log = Log::open(&dir, small(), 0).await.unwrap();
+            append_n(&log, 10, 0).await;
+            log.advance_start(6).await.unwrap();
+            log.close().await.unwrap();
+            drop(log);
+            // Guessing would start the log at its first segment, at 0: DeleteRecords undone.
+            std::fs::write(dir.join(LOG_START_FILE), b"six").unwrap();
+            let opened = Log::open(&dir, small(), 0).await;
+            assert!(
+                matches!(opened, Err(LogError::Corrupt(_))),
+                "{:?}",
+                opened.err()
+            );
+            std::fs::write(dir.join(LOG_START_FILE), b"6").unwrap();
+            let log = Log::open(&dir, small(), 0).await.unwrap();
+            assert_eq!(log.start_offset(), 6);
         });
     }
 

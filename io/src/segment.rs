@@ -89,6 +89,12 @@ impl<F: Fs> Segment<F> {
         self.path_stem.with_extension("log")
     }
 
+    /// Makes this another segment for reads planned before now: a truncation calls it before
+    /// it cuts the file in place, so a read that was under way reads again.
+    pub fn renew_generation(&mut self) {
+        self.generation = NEXT_GENERATION.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn index_path(&self) -> PathBuf {
         self.path_stem.with_extension("index")
     }
@@ -188,7 +194,13 @@ impl<F: Fs> Segment<F> {
     /// Loads index files written at close. Returns false (and loads nothing) when a file is
     /// missing or does not fit this segment, so the caller rebuilds from the log.
     pub fn load_indexes(&mut self, index: &[u8], time_index: &[u8], log_size: u64) -> bool {
+        // Both files are written when the segment is finished, the offset index first: an
+        // empty time index beside a full offset index is a finish cut short (or a deletion
+        // half undone by a power loss), and trusting it would leave the segment without a
+        // timestamp for good, which stalls time-based retention. (A segment whose batches
+        // all carry no timestamp is rescanned at every open: rare, and only a scan.)
         if index.is_empty()
+            || time_index.is_empty()
             || !index.len().is_multiple_of(8)
             || !time_index.len().is_multiple_of(12)
         {

@@ -44,8 +44,9 @@ struct Args {
     /// segment to be trusted, `g-finish` lets the retention timer finish rolled segments
     /// while a truncation or restart reshapes them, `g-start` moves the log start without
     /// the segment-file lock, `g-read` trusts a segment file a read opened after the
-    /// segment went, and `g-failed` lets a failed log move its start. May be given more
-    /// than once.
+    /// segment went, `g-failed` lets a failed log move its start, and `g-orphan` keeps the
+    /// index files of a deleted segment that came back after a power loss, for a segment
+    /// later made at that base to trust. May be given more than once.
     #[arg(long)]
     unfix: Vec<String>,
     /// With `--seed`: run only these events of its schedule (comma-separated indexes).
@@ -60,6 +61,9 @@ struct Args {
     /// after every restart.
     #[arg(long, conflicts_with_all = ["deaf", "keep"])]
     log: bool,
+    /// With `--log`: print every disk operation, crash and power loss to stderr.
+    #[arg(long, requires = "log")]
+    trace: bool,
     /// Report a failure without shrinking it.
     #[arg(long)]
     no_shrink: bool,
@@ -78,7 +82,7 @@ fn main() -> ExitCode {
             eprintln!("ferrolog-sim: the run panicked; replay it with: {cmd}");
         }
     }));
-    let (mut leader_restore, mut no_check_quorum, mut undo) = (false, false, 0u8);
+    let (mut leader_restore, mut no_check_quorum, mut undo) = (false, false, 0u16);
     for fix in &args.unfix {
         let log_fix = UNFIXES.iter().find(|(name, _)| name == fix).map(|f| f.1);
         match (fix.as_str(), args.log, log_fix) {
@@ -97,6 +101,7 @@ fn main() -> ExitCode {
         let options = |seed| LogOptions {
             seconds: args.seconds,
             undo,
+            trace: args.trace,
             ..LogOptions::new(seed)
         };
         return seeds(&args, |seed| check_log(&options(seed)));

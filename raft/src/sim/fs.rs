@@ -21,11 +21,12 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use ferrolog_io::fs::{Fs, FsFile, FsReader};
+use openraft::async_runtime::Instant as _;
 use openraft::AsyncRuntime;
 use rand::rngs::SmallRng;
 use rand::RngExt;
 
-use super::runtime::{random_u64, spawn_here, SimRuntime};
+use super::runtime::{random_u64, spawn_here, SimInstant, SimRuntime};
 
 const SECTOR: usize = 512;
 
@@ -48,6 +49,8 @@ struct Inner {
     /// Out of 1000, how many fsyncs fail.
     sync_failures_per_mille: u64,
     syncs_failed: u64,
+    /// Print each operation to stderr (`ferrolog-sim --log --trace`).
+    trace: bool,
 }
 
 /// A simulated disk, shared by every life of the node that owns it.
@@ -62,6 +65,18 @@ impl SimFs {
     /// From now on, about `per_mille` of 1000 fsyncs (files and directories) fail with EIO.
     pub fn fail_syncs(&self, per_mille: u64) {
         self.0.borrow_mut().sync_failures_per_mille = per_mille;
+    }
+
+    /// From now on, print every operation that changes what is on the disk, with its
+    /// simulated time: what a failing seed did to its files, step by step.
+    pub fn trace(&self, on: bool) {
+        self.0.borrow_mut().trace = on;
+    }
+
+    fn note(&self, what: impl FnOnce() -> String) {
+        if self.0.borrow().trace {
+            eprintln!("[{:?}] {}", SimInstant::now().since_start(), what());
+        }
     }
 
     pub fn syncs_failed(&self) -> u64 {
@@ -92,7 +107,7 @@ impl SimFs {
             }
         }
         let live: BTreeSet<u64> = names.values().copied().collect();
-        let files = std::mem::take(&mut inner.files)
+        let files: BTreeMap<u64, Contents> = std::mem::take(&mut inner.files)
             .into_iter()
             .filter(|(inode, _)| live.contains(inode))
             .map(|(inode, c)| {
@@ -106,6 +121,12 @@ impl SimFs {
                 )
             })
             .collect();
+        if inner.trace {
+            for (path, inode) in &names {
+                let len = files.get(inode).map_or(0, |c: &Contents| c.data.len());
+                eprintln!("  kept {} (inode {inode}, {len} bytes)", path.display());
+            }
+        }
         inner.files = files;
         inner.synced_names = names.clone();
         inner.names = names;
@@ -158,6 +179,22 @@ fn torn(old: &[u8], new: &[u8], rng: &mut SmallRng) -> Vec<u8> {
     out
 }
 
+/// Where the record batches in a write start, by their length fields (for the trace).
+fn batch_starts(buf: &[u8], pos: u64) -> Vec<(u64, i64, usize)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let (Some(base), Some(len)) = (buf.get(at..at + 8), buf.get(at + 8..at + 12)) {
+        let base = i64::from_be_bytes(base.try_into().expect("8 bytes"));
+        let len = i32::from_be_bytes(len.try_into().expect("4 bytes"));
+        if len <= 0 {
+            break;
+        }
+        out.push((pos + at as u64, base, 12 + len as usize));
+        at += 12 + len as usize;
+    }
+    out
+}
+
 /// A little simulated time, up to `max_micros`.
 async fn latency(max_micros: u64) {
     SimRuntime::sleep(Duration::from_micros(random_u64() % max_micros + 1)).await;
@@ -182,6 +219,7 @@ impl Fs for SimFs {
         inner.files.insert(inode, Contents::default());
         inner.names.insert(path.to_path_buf(), inode);
         drop(inner);
+        self.note(|| format!("create {} (inode {inode})", path.display()));
         Ok(self.file(inode))
     }
 
@@ -227,6 +265,7 @@ impl Fs for SimFs {
     }
 
     fn remove(&self, path: &Path) -> io::Result<()> {
+        self.note(|| format!("remove {}", path.display()));
         match self.0.borrow_mut().names.remove(path) {
             Some(_) => Ok(()),
             None => Err(io::Error::new(
@@ -239,8 +278,10 @@ impl Fs for SimFs {
     async fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         latency(2000).await;
         if self.sync_fails() {
+            self.note(|| format!("sync {} failed", dir.display()));
             return Err(eio("directory sync"));
         }
+        self.note(|| format!("sync {}", dir.display()));
         let mut inner = self.0.borrow_mut();
         let Inner {
             names,
@@ -260,8 +301,10 @@ impl Fs for SimFs {
     async fn write_file(&self, path: &Path, contents: Vec<u8>) -> io::Result<()> {
         latency(3000).await;
         if self.sync_fails() {
+            self.note(|| format!("write_file {} failed", path.display()));
             return Err(eio("small file write"));
         }
+        self.note(|| format!("write_file {} ({} bytes)", path.display(), contents.len()));
         let mut inner = self.0.borrow_mut();
         let inode = inner.next_inode;
         inner.next_inode += 1;
@@ -311,6 +354,10 @@ impl FsFile for SimFile {
 
     async fn write_at(&self, buf: Vec<u8>, pos: u64) -> io::Result<usize> {
         latency(500).await;
+        self.fs.note(|| {
+            let batches = batch_starts(&buf, pos);
+            format!("write inode {} at {pos}, {} bytes, batches (position, base offset, bytes) {batches:?}", self.inode, buf.len())
+        });
         let pos = pos as usize;
         self.with(|c| {
             if c.data.len() < pos + buf.len() {
@@ -324,8 +371,11 @@ impl FsFile for SimFile {
     async fn fdatasync(&self) -> io::Result<()> {
         latency(3000).await;
         if self.fs.sync_fails() {
+            self.fs
+                .note(|| format!("fdatasync inode {} failed", self.inode));
             return Err(eio("fdatasync"));
         }
+        self.fs.note(|| format!("fdatasync inode {}", self.inode));
         self.with(|c| c.synced = c.data.clone());
         Ok(())
     }
@@ -336,6 +386,8 @@ impl FsFile for SimFile {
 
     async fn truncate(&self, size: u64) -> io::Result<()> {
         latency(200).await;
+        self.fs
+            .note(|| format!("truncate inode {} to {size} bytes", self.inode));
         self.with(|c| c.data.resize(size as usize, 0));
         Ok(())
     }

@@ -44,9 +44,11 @@ pub struct LogOptions {
     /// Simulated seconds of lives and crashes.
     pub seconds: u64,
     /// Defect g fixes to undo: a set of [`unfix`] flags.
-    pub undo: u8,
+    pub undo: u16,
     /// Out of 1000 fsyncs, how many fail.
     pub sync_failures_per_mille: u64,
+    /// Print every disk operation, crash and power loss to stderr.
+    pub trace: bool,
 }
 
 impl LogOptions {
@@ -56,6 +58,7 @@ impl LogOptions {
             seconds: 60,
             undo: 0,
             sync_failures_per_mille: 5,
+            trace: false,
         }
     }
 }
@@ -144,6 +147,7 @@ fn run_inner(options: &LogOptions) -> Result<LogStats, String> {
     let mut rng = SmallRng::seed_from_u64(options.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     let fs = SimFs::new();
     fs.fail_syncs(options.sync_failures_per_mille);
+    fs.trace(options.trace);
     let model: Shared = Rc::default();
     let dir = PathBuf::from("/sim/topic-0");
     let end = SimInstant::default() + Duration::from_secs(options.seconds);
@@ -153,6 +157,13 @@ fn run_inner(options: &LogOptions) -> Result<LogStats, String> {
         sim.run_until(sim.now() + up);
         sim.crash(1);
         let power = rng.random_bool(0.5);
+        if options.trace {
+            eprintln!(
+                "[{:?}] {}",
+                sim.now().since_start(),
+                if power { "power loss" } else { "process crash" }
+            );
+        }
         let mut m = model.borrow_mut();
         if power {
             fs.power_loss(&mut rng);
@@ -214,9 +225,9 @@ async fn life(fs: SimFs, dir: PathBuf, model: Shared, work: bool) {
         spawn_here(async move { retention(&l, &m).await });
         let (l, m) = (log.clone(), model.clone());
         spawn_here(async move { purger(&l, &m).await });
-        for _ in 0..2 {
+        for whole_batches in [false, true] {
             let (l, m) = (log.clone(), model.clone());
-            spawn_here(async move { reader(&l, &m).await });
+            spawn_here(async move { reader(&l, &m, whole_batches).await });
         }
         workload(&log, &model).await;
     }
@@ -265,18 +276,30 @@ async fn purger(log: &Rc<Log<SimFs>>, model: &Shared) {
     }
 }
 
-/// Reads at random offsets below the commit point and checks each batch read against what the workload did.
-async fn reader(log: &Rc<Log<SimFs>>, model: &Shared) {
+/// Reads at random offsets and checks each batch read against what the workload did. A
+/// Fetch reader (`whole_batches` false) reads below the commit point, as Fetch reads below
+/// the high watermark, which truncations never go below; a Raft reader reads whole batches
+/// up to the durable end, as the store reads entries to send to followers, beside
+/// truncations of that very tail.
+async fn reader(log: &Rc<Log<SimFs>>, model: &Shared, whole_batches: bool) {
     loop {
         SimRuntime::sleep(Duration::from_micros(random_u64() % 20_000)).await;
-        // Fetch reads below the high watermark, which truncations never go below.
-        let (start, end) = (log.start_offset(), model.borrow().committed);
+        let (start, end) = if whole_batches {
+            (log.whole_batches_start(), log.durable_offset())
+        } else {
+            (log.start_offset(), model.borrow().committed)
+        };
         if end <= start {
             continue;
         }
         let offset = start + (random_u64() % (end - start) as u64) as i64;
         let began = model.borrow().removals;
-        let bytes = match log.read(offset, 4096, end, true).await {
+        let read = if whole_batches {
+            log.read_whole_batches(offset, 4096).await
+        } else {
+            log.read(offset, 4096, end, true).await
+        };
+        let bytes = match read {
             Ok(b) => b,
             Err(e) => {
                 let out_of_range = matches!(e, ferrolog_io::LogError::OffsetOutOfRange { .. });
@@ -395,10 +418,13 @@ async fn check(log: &Rc<Log<SimFs>>, model: &Shared) -> bool {
         m.violate(f);
         return false;
     }
+    // Batches wholly below the start were purged, not lost: their bytes may still be in the
+    // first segment, and a whole-batches read may still return them.
     let kept: Vec<i64> = got.iter().map(|b| b.2).collect();
     let lost: Vec<i64> = m
         .batches
         .iter()
+        .filter(|b| b.1 > start)
         .map(|b| b.2)
         .filter(|id| !kept.contains(id))
         .collect();
@@ -580,7 +606,7 @@ async fn restart_at(log: &Rc<Log<SimFs>>, model: &Shared) {
 }
 
 /// The log's fixes (defect g and its kin) that `--unfix` undoes, by the name it takes.
-pub const UNFIXES: [(&str, u8); 7] = [
+pub const UNFIXES: [(&str, u16); 9] = [
     ("g-open", unfix::OPEN_SYNC),
     ("g-truncate", unfix::TRUNCATE_DIR_SYNC),
     ("g-index", unfix::STALE_INDEXES),
@@ -588,6 +614,8 @@ pub const UNFIXES: [(&str, u8); 7] = [
     ("g-start", unfix::START_LOCK),
     ("g-read", unfix::RESHAPED_READ),
     ("g-failed", unfix::FAILED_START),
+    ("g-orphan", unfix::ORPHAN_INDEXES),
+    ("g-cut-read", unfix::CUT_READ),
 ];
 
 /// The command that replays a run.

@@ -87,6 +87,7 @@ UNFIXED_G = {
     "g-read": (["--seed", "4"], r"a read at \d+ failed: storage error: opening \S+\.log"),
     "g-failed": (["--seed", "351"], r"the log starts at \d+, below \d+ that advance_start returned"),
     "g-cut-read": (["--seed", "1"], r"a read at \d+ failed: invalid batch: batch truncated"),
+    "g-start-past-end": (["--seed", "3689"], r"a gap: the batch after offset \d+ starts at \d+"),
     # Found by CI's fresh seeds at 0c0832b; rare (about one seed in several thousand).
     "g-orphan": (["--seed", "1796441720"], r"the log does not open: .*closed segment is damaged at byte \d+"),
 }

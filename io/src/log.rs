@@ -77,6 +77,9 @@ pub mod unfix {
     /// A truncation lowers the log end before it cuts the file, so reads planned meanwhile
     /// stop below the cut, and a read ends at bytes past its limit that are no batch.
     pub const CUT_READ: u16 = 256;
+    /// Open starts an empty log at the persisted start when every segment ends below it,
+    /// instead of clamping the start down to the end in memory only.
+    pub const START_PAST_END: u16 = 512;
 
     /// Undoes the fixes in `undone` (a set of the flags above) on this thread.
     pub fn set(undone: u16) {
@@ -197,6 +200,24 @@ impl<F: Fs> Log<F> {
             segments.push(segment);
         }
         let persisted_start = read_log_start(&fs, &dir.join(LOG_START_FILE))?;
+        let end = segments.last().map(|s: &Segment<F>| s.next_offset);
+        if let Some((start, end)) = persisted_start.zip(end).filter(|(start, end)| start > end) {
+            if !unfix::undone(unfix::START_PAST_END) {
+                // A `restart_at` cut short left a prefix of the old log below the start it had
+                // persisted. Every batch here is below the start: the log goes on from the
+                // start, empty. Clamping the start down to the end instead would leave the
+                // file saying more than memory, and once appends passed it, the next open
+                // would move the start up past batches taken since.
+                tracing::warn!(dir = %dir.display(), start, end,
+                    "the log ends below its start: removing the segments below it");
+                for seg in segments.drain(..) {
+                    remove_files(
+                        &fs,
+                        &[seg.log_path(), seg.index_path(), seg.time_index_path()],
+                    )?;
+                }
+            }
+        }
         if segments.is_empty() {
             // Retention may have deleted every segment before a crash: offsets go on from the
             // persisted log start, never back to 0.

@@ -243,6 +243,19 @@ impl LogStore {
             Err(e) => return Err(e),
         };
         let mut meta = meta;
+        if log.end_offset() < meta.first_offset {
+            // Every entry below the purge point is in the snapshot, and the log lost batches
+            // up to it: a purge point recorded before they were on disk (by an older
+            // version), or a snapshot install's `restart_at` cut short after a purge whose
+            // start move a crash had undone. Appended at this end, the next entry would take
+            // another Kafka offset than the leader gave it: the log goes on from the purge
+            // point instead.
+            tracing::warn!(dir = %dir.display(), end = log.end_offset(), purge_point = meta.first_offset,
+                "the log ends below its purge point: starting it empty there");
+            log.restart_at(meta.first_offset, clock())
+                .await
+                .map_err(io_err)?;
+        }
         let positions = walk_headers(&log, meta.first_offset).await?;
         // A commit point past the log (written before the flusher, by an older version) is
         // dropped: the leader tells the node again.
@@ -474,6 +487,9 @@ impl RaftLogStorage<PartitionRaft> for LogStore {
                 }
             };
             if fresh_start {
+                // The purge point must not be on disk before the batches below it are.
+                let end = self.log.end_offset();
+                self.log.wait_durable(end).await.map_err(io_err)?;
                 self.write_meta().await?;
             }
             let term = e.log_id.leader_id.term;
@@ -562,10 +578,14 @@ impl RaftLogStorage<PartitionRaft> for LogStore {
                 .map_err(io_err)?;
             return self.write_meta().await;
         }
+        // The batches below the purge point are on disk before it is: openraft applies, and
+        // so snapshots and purges, entries this node has accepted but perhaps not yet
+        // written. A purge point recorded first could outlive a crash that lost them, and
+        // the next entry would then land at another Kafka offset than on the leader.
+        self.log.wait_durable(new_start).await.map_err(io_err)?;
         // The purge point is recorded before the log start moves: a crash in between leaves
         // batches below the recorded start, which the next open skips.
         self.write_meta().await?;
-        self.log.wait_durable(new_start).await.map_err(io_err)?;
         self.log.advance_start(new_start).await.map_err(io_err)?;
         Ok(())
     }
@@ -821,6 +841,61 @@ mod tests {
             assert_eq!(view.end_offset_for_term(1), Some((1, 2)));
             assert_eq!(view.end_offset_for_term(2), Some((2, 8)));
             assert_eq!(view.end_offset_for_term(9), Some((3, 11)));
+        });
+    }
+
+    /// A log that lost batches below its recorded purge point (a purge point written before
+    /// they were on disk, then a crash) goes on from the purge point, so the next entry takes
+    /// the Kafka offset the leader gave it.
+    #[test]
+    fn a_log_ending_below_its_purge_point_goes_on_from_it() {
+        use openraft::EntryPayload;
+        let dir =
+            std::env::temp_dir().join(format!("ferrolog-raft-purge-point-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let _guard = TempDir(dir.clone());
+        let mut rt = <GlommioRuntime as AsyncRuntime>::new(1);
+        rt.block_on(async move {
+            let clock: Clock = Rc::new(|| 1_700_000_000_000);
+            let config = LogConfig::default();
+            let data = |term, index, records| Entry {
+                log_id: id(term, index),
+                payload: EntryPayload::Normal(entry::test_batch(records)),
+            };
+            let mut store = LogStore::open(&dir, config.clone(), clock.clone())
+                .await
+                .unwrap();
+            store
+                .append(vec![data(1, 1, 5), data(1, 2, 5)], IOFlushed::noop())
+                .await
+                .unwrap();
+            let end = store.log().end_offset();
+            store.log().wait_durable(end).await.unwrap();
+            assert_eq!(end, 10);
+            drop(store);
+            // What a crash leaves when the purge through entry 4 (offsets 10..20, never
+            // written) was recorded first.
+            let meta = Meta {
+                purged: Some(id(1, 4)),
+                first_index: 5,
+                first_offset: 20,
+                ..Meta::default()
+            };
+            std::fs::write(dir.join(META_FILE), encode_meta(&meta)).unwrap();
+            let mut store = LogStore::open(&dir, config, clock).await.unwrap();
+            let state = store.get_log_state().await.unwrap();
+            assert_eq!(state.last_log_id, Some(id(1, 4)));
+            store
+                .append(vec![data(1, 5, 3)], IOFlushed::noop())
+                .await
+                .unwrap();
+            let view = store.view();
+            assert_eq!(
+                view.base_offset(5),
+                Some(20),
+                "the leader's offset for entry 5"
+            );
+            assert_eq!(store.log().start_offset(), 20);
         });
     }
 

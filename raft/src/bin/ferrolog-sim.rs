@@ -44,9 +44,11 @@ struct Args {
     /// segment to be trusted, `g-finish` lets the retention timer finish rolled segments
     /// while a truncation or restart reshapes them, `g-start` moves the log start without
     /// the segment-file lock, `g-read` trusts a segment file a read opened after the
-    /// segment went, `g-failed` lets a failed log move its start, and `g-orphan` keeps the
+    /// segment went, `g-failed` lets a failed log move its start, `g-orphan` keeps the
     /// index files of a deleted segment that came back after a power loss, for a segment
-    /// later made at that base to trust. May be given more than once.
+    /// later made at that base to trust, `g-cut-read` lets reads planned during a
+    /// truncation read past the cut, and `g-start-past-end` clamps a persisted start above
+    /// every segment down to their end in memory only. May be given more than once.
     #[arg(long)]
     unfix: Vec<String>,
     /// With `--seed`: run only these events of its schedule (comma-separated indexes).

@@ -606,7 +606,7 @@ async fn restart_at(log: &Rc<Log<SimFs>>, model: &Shared) {
 }
 
 /// The log's fixes (defect g and its kin) that `--unfix` undoes, by the name it takes.
-pub const UNFIXES: [(&str, u16); 9] = [
+pub const UNFIXES: [(&str, u16); 10] = [
     ("g-open", unfix::OPEN_SYNC),
     ("g-truncate", unfix::TRUNCATE_DIR_SYNC),
     ("g-index", unfix::STALE_INDEXES),
@@ -616,6 +616,7 @@ pub const UNFIXES: [(&str, u16); 9] = [
     ("g-failed", unfix::FAILED_START),
     ("g-orphan", unfix::ORPHAN_INDEXES),
     ("g-cut-read", unfix::CUT_READ),
+    ("g-start-past-end", unfix::START_PAST_END),
 ];
 
 /// The command that replays a run.

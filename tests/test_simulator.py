@@ -78,6 +78,9 @@ def test_the_readme_log_command_passes_its_seeds():
 
 
 # Each fix of defect g undone, the first seeds that find it, and what the checker reports.
+# (g-orphan is not here: CI's fresh seeds met it once, as seed 1796441720 at 0c0832b, but
+# none of seeds 1-14,000 of today's schedule finds it; io's unit test
+# open_deletes_index_files_whose_segment_is_gone covers it.)
 UNFIXED_G = {
     "g-truncate": (["--seed", "3"], r"a gap: the batch after offset \d+ starts at \d+"),
     "g-open": (["--seed", "211"], r"batch #\d+ at \d+\.\.\d+ read back, but the log held None there"),
@@ -85,11 +88,9 @@ UNFIXED_G = {
     "g-finish": (["--seed", "17"], r"the log failed: storage error: creating \S+\.log: file exists"),
     "g-start": (["--seed", "9"], r"the log starts at \d+, below \d+ that advance_start returned"),
     "g-read": (["--seed", "4"], r"a read at \d+ failed: storage error: opening \S+\.log"),
-    "g-failed": (["--seed", "351"], r"the log starts at \d+, below \d+ that advance_start returned"),
+    "g-failed": (["--seed", "264"], r"a gap: the batch after offset \d+ starts at \d+"),
     "g-cut-read": (["--seed", "1"], r"a read at \d+ failed: invalid batch: batch truncated"),
     "g-start-past-end": (["--seed", "3689"], r"a gap: the batch after offset \d+ starts at \d+"),
-    # Found by CI's fresh seeds at 0c0832b; rare (about one seed in several thousand).
-    "g-orphan": (["--seed", "1796441720"], r"the log does not open: .*closed segment is damaged at byte \d+"),
 }
 
 

@@ -282,6 +282,12 @@ impl Quorum {
             && m.last_applied.map(|l| l.leader_id.term) == Some(m.current_term)
     }
 
+    /// This node's view of the quorum (term, vote, last log entry, committed, applied,
+    /// leader), for a log line.
+    pub fn describe(&self) -> String {
+        self.raft.metrics().borrow_watched().to_string()
+    }
+
     /// The node the quorum follows, if any.
     pub fn leader(&self) -> Option<i32> {
         let leader = self.raft.metrics().borrow_watched().current_leader;

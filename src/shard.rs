@@ -46,6 +46,8 @@ const SHUTDOWN_POLL_MS: u64 = 50;
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often shard 0 looks for a failed controller while the broker starts.
 const STARTUP_WATCH_INTERVAL: Duration = Duration::from_millis(100);
+/// How often a node still waiting for its first metadata image says so.
+const STARTUP_REPORT_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Set by the signal thread on SIGTERM/SIGINT; every shard then closes its logs.
 static SHUTDOWN: AtomicBool = AtomicBool::new(false);
@@ -722,6 +724,7 @@ async fn shard_main(
         // Committed metadata is applied (and published) as the quorum starts; a new cluster
         // gets its first state once a leader is elected.
         let quorum = Quorum::start(&shard, shard.raft_transport.clone()).await?;
+        tracing::info!(quorum = %quorum.describe(), "controller quorum started");
         *shard.quorum.borrow_mut() = Some(quorum.clone());
         Some(quorum)
     } else {
@@ -751,9 +754,20 @@ async fn wait_ready(
         let Some(quorum) = quorum else {
             return futures::future::pending().await;
         };
+        let started = std::time::Instant::now();
+        let mut said = Duration::ZERO;
         loop {
             if let Some(why) = quorum.failure() {
                 return why;
+            }
+            // A node that waits long says where it stands, so a start-up that hangs can be
+            // told apart: no leader, a leader whose entries do not arrive, or entries that
+            // arrive and do not apply.
+            let waited = started.elapsed();
+            if waited >= said + STARTUP_REPORT_INTERVAL {
+                said = waited;
+                tracing::warn!(waited_s = waited.as_secs(), quorum = %quorum.describe(),
+                    "still waiting for the first metadata image from the controller");
             }
             glommio::timer::sleep(STARTUP_WATCH_INTERVAL).await;
         }

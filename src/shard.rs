@@ -46,6 +46,8 @@ const SHUTDOWN_POLL_MS: u64 = 50;
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often shard 0 looks for a failed controller while the broker starts.
 const STARTUP_WATCH_INTERVAL: Duration = Duration::from_millis(100);
+/// How long the shards may take to start and join their mesh.
+const MESH_JOIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often a node still waiting for its first metadata image says so.
 const STARTUP_REPORT_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -661,10 +663,19 @@ async fn shard_main(
     mesh: MeshBuilder<Job, Full>,
     controller_slot: Arc<std::sync::Mutex<Option<(Controller, ProducerIds)>>>,
 ) -> anyhow::Result<()> {
-    let (senders, mut receivers) = mesh
-        .join()
-        .await
-        .map_err(|_| anyhow::anyhow!("mesh join failed"))?;
+    // A shard whose executor could not be created never joins, and glommio reports that only
+    // when every shard thread is joined: the others would wait here for good, silently.
+    let join = std::pin::pin!(mesh.join());
+    let deadline = std::pin::pin!(glommio::timer::sleep(MESH_JOIN_TIMEOUT));
+    let (senders, mut receivers) = match futures::future::select(join, deadline).await {
+        futures::future::Either::Left((joined, _)) => {
+            joined.map_err(|_| anyhow::anyhow!("mesh join failed"))?
+        }
+        futures::future::Either::Right(_) => anyhow::bail!(
+            "not every shard started within {} s (a shard's executor could not be created)",
+            MESH_JOIN_TIMEOUT.as_secs()
+        ),
+    };
     let id = ShardId(senders.peer_id());
     let count = senders.nr_consumers();
     let (controller, producer_ids) = if id.0 == 0 {

@@ -1163,15 +1163,20 @@ def test_preferred_leader_election_moves_leadership_back_under_load(cluster, tmp
         wait_until(lambda: any(e["name"] == "producer_send_success" for e in producer_events(out_path)),
                    "the producer's first acknowledgements")  # fmt: skip
         # The preferred replica of partition 0 leads nothing once killed, and Raft does
-        # not give leadership back when it returns.
+        # not give leadership back when it returns, unless it wins a later election (seen
+        # once in a clean-clone run: every partition led by its preferred replica again
+        # after the restart); then it is killed again, as the election needs a moved leader.
         victim = preferred_and_leaders(cluster, 1, topic)[0][0]
-        cluster.nodes[victim].kill9()
         survivors = [i for i in IDS if i != victim]
-        wait_until(lambda: leader_of(cluster, topic, 0, survivors[0]) in survivors, "a new leader", timeout_s=15)
-        cluster.nodes[victim].start()
-        wait_until(lambda: all_led(cluster, topic, partitions), "victim back in every ISR", timeout_s=30)
-        before = preferred_and_leaders(cluster, 1, topic)
-        moved = sorted(p for p, (preferred, leader) in before.items() if preferred != leader)
+        for _ in range(3):
+            cluster.nodes[victim].kill9()
+            wait_until(lambda: leader_of(cluster, topic, 0, survivors[0]) in survivors, "a new leader", timeout_s=15)
+            cluster.nodes[victim].start()
+            wait_until(lambda: all_led(cluster, topic, partitions), "victim back in every ISR", timeout_s=30)
+            before = preferred_and_leaders(cluster, 1, topic)
+            moved = sorted(p for p, (preferred, leader) in before.items() if preferred != leader)
+            if moved:
+                break
         assert moved, before
         elected = java(f"{TOOLS}.LeaderElectionCommand", "--bootstrap-server", cluster.bootstrap(),
                        "--election-type", "PREFERRED", "--all-topic-partitions").stdout  # fmt: skip

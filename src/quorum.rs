@@ -37,7 +37,6 @@ use ferrolog_raft::store::LogStore;
 use ferrolog_raft::wire::GroupId;
 use ferrolog_raft::{openraft, GlommioRuntime};
 use futures::FutureExt;
-use openraft::storage::{RaftLogReader, RaftLogStorage};
 use openraft::{AsyncRuntime, BasicNode, EntryPayload, Raft};
 use serde::{Deserialize, Serialize};
 
@@ -198,12 +197,11 @@ impl Quorum {
             preallocate_bytes: 1 << 20,
             ..LogConfig::default()
         };
-        let mut store = LogStore::open(&dir, log_config, Rc::new(now_ms))
+        let store = LogStore::open(&dir, log_config, Rc::new(now_ms))
             .await
             .map_err(|e| anyhow::anyhow!("opening {}: {e}", dir.display()))?
             .persist_committed();
-        let fresh = store.get_log_state().await?.last_log_id.is_none()
-            && store.get_log_reader().await.read_vote().await?.is_none();
+        let fresh = store.is_fresh();
         let log = store.log().clone();
         let weak: Weak<Shard> = Rc::downgrade(shard);
         let hook = Box::new(move |applied: Applied<'_>| {

@@ -262,6 +262,11 @@ impl<F: Fs> Log<F> {
         &self.dir
     }
 
+    /// The file system the log lives on (the Raft store keeps its own small files there).
+    pub fn fs(&self) -> &F {
+        &self.fs
+    }
+
     /// Offset after the last appended batch (the log end offset, LEO).
     pub fn end_offset(&self) -> i64 {
         self.state.borrow().end

@@ -12,6 +12,10 @@
 //!
 //! Everything runs on the shard that owns the partition; the store and its readers share one
 //! `Rc<RefCell<..>>` and no borrow is held across an await.
+//!
+//! The store is generic over the file system (`F`, glommio in the broker, the simulator's
+//! disk in `ferrolog-sim`) and over openraft's type config (any config with a partition's
+//! entry and vote types, so the simulator runs it on its own runtime).
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -23,7 +27,7 @@ use std::rc::Rc;
 
 use bytes::{Buf, BufMut};
 use ferrolog_io::batch::BatchHeader;
-use ferrolog_io::{Log, LogConfig, LogError};
+use ferrolog_io::{Fs, GlommioFs, Log, LogConfig, LogError};
 use openraft::impls::leader_id_std::LeaderId;
 
 use crate::CommittedLeaderId;
@@ -31,10 +35,21 @@ use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::{AsyncRuntime, RaftTypeConfig};
 
 use crate::entry::{self, Entry, EntryLogId};
-use crate::{GlommioRuntime, PartitionRaft};
+use crate::PartitionRaft;
 
 /// The vote type of a partition group.
 pub type Vote = <PartitionRaft as RaftTypeConfig>::Vote;
+
+/// A type config the store serves: a partition's entries and votes, on any runtime.
+pub trait PartitionTypes:
+    RaftTypeConfig<LeaderId = LeaderId<u64, u64>, Entry = Entry, Vote = Vote>
+{
+}
+
+impl<C> PartitionTypes for C where
+    C: RaftTypeConfig<LeaderId = LeaderId<u64, u64>, Entry = Entry, Vote = Vote>
+{
+}
 
 /// File holding the vote, the last purged log id and the first entry's index.
 const META_FILE: &str = "raft-meta";
@@ -100,8 +115,8 @@ impl Inner {
 }
 
 /// One partition's Raft log, stored in its Kafka log.
-pub struct LogStore {
-    log: Rc<Log>,
+pub struct LogStore<F: Fs = GlommioFs> {
+    log: Rc<Log<F>>,
     inner: Rc<RefCell<Inner>>,
     clock: Clock,
     persist_committed: bool,
@@ -109,13 +124,21 @@ pub struct LogStore {
 
 /// What the partition on top needs to know about the entries: where each one's batch
 /// starts and ends in Kafka offsets, and which term wrote it.
-#[derive(Clone)]
-pub struct StoreView {
-    log: Rc<Log>,
+pub struct StoreView<F: Fs = GlommioFs> {
+    log: Rc<Log<F>>,
     inner: Rc<RefCell<Inner>>,
 }
 
-impl StoreView {
+impl<F: Fs> Clone for StoreView<F> {
+    fn clone(&self) -> Self {
+        StoreView {
+            log: self.log.clone(),
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<F: Fs> StoreView<F> {
     /// Kafka offset of entry `index`'s batch, if the log holds it.
     pub fn base_offset(&self, index: u64) -> Option<i64> {
         let inner = self.inner.borrow();
@@ -220,9 +243,18 @@ impl StoreView {
 }
 
 /// A reader of the same log, for openraft's replication tasks.
-pub struct LogStoreReader {
-    log: Rc<Log>,
+pub struct LogStoreReader<F: Fs = GlommioFs> {
+    log: Rc<Log<F>>,
     inner: Rc<RefCell<Inner>>,
+}
+
+impl<F: Fs> Clone for LogStoreReader<F> {
+    fn clone(&self) -> Self {
+        LogStoreReader {
+            log: self.log.clone(),
+            inner: self.inner.clone(),
+        }
+    }
 }
 
 fn io_err(e: LogError) -> io::Error {
@@ -236,8 +268,22 @@ fn corrupt(what: String) -> io::Error {
 impl LogStore {
     /// Opens the partition log in `dir` and the Raft state beside it.
     pub async fn open(dir: &Path, config: LogConfig, clock: Clock) -> io::Result<LogStore> {
-        let log = Log::open(dir, config, clock()).await.map_err(io_err)?;
-        let meta = match std::fs::read(dir.join(META_FILE)) {
+        LogStore::open_on(GlommioFs, dir, config, clock).await
+    }
+}
+
+impl<F: Fs> LogStore<F> {
+    /// Opens the partition log in `dir` on `fs`, and the Raft state beside it.
+    pub async fn open_on(
+        fs: F,
+        dir: &Path,
+        config: LogConfig,
+        clock: Clock,
+    ) -> io::Result<LogStore<F>> {
+        let log = Log::open_on(fs, dir, config, clock())
+            .await
+            .map_err(io_err)?;
+        let meta = match log.fs().read(&log.dir().join(META_FILE)) {
             Ok(bytes) => decode_meta(&bytes)?,
             Err(e) if e.kind() == io::ErrorKind::NotFound => Meta::default(),
             Err(e) => return Err(e),
@@ -264,7 +310,7 @@ impl LogStore {
             meta.committed = None;
         }
         let inner = Inner {
-            dir: dir.to_path_buf(),
+            dir: log.dir().to_path_buf(),
             meta,
             positions,
             unflushed: VecDeque::new(),
@@ -282,19 +328,33 @@ impl LogStore {
     /// Persists the commit point on every change, so a restarted node applies its committed
     /// entries at once instead of waiting for a leader. One small fsynced write per commit:
     /// right for the controller's rare changes, too costly for busy partitions.
-    pub fn persist_committed(mut self) -> LogStore {
+    pub fn persist_committed(mut self) -> LogStore<F> {
         self.persist_committed = true;
         self
     }
 
     /// The partition's Kafka log, for the fetch path.
-    pub fn log(&self) -> &Rc<Log> {
+    pub fn log(&self) -> &Rc<Log<F>> {
         &self.log
     }
 
     /// A handle the partition keeps after the store moves into openraft.
-    pub fn view(&self) -> StoreView {
+    pub fn view(&self) -> StoreView<F> {
         StoreView {
+            log: self.log.clone(),
+            inner: self.inner.clone(),
+        }
+    }
+
+    /// Whether the node never took part in the group: no entry, nothing purged, no vote.
+    pub fn is_fresh(&self) -> bool {
+        let inner = self.inner.borrow();
+        inner.last_log_id().is_none() && inner.meta.vote.is_none()
+    }
+
+    /// A reader of the entries, as openraft's replication tasks get.
+    pub fn reader(&self) -> LogStoreReader<F> {
+        LogStoreReader {
             log: self.log.clone(),
             inner: self.inner.clone(),
         }
@@ -305,12 +365,12 @@ impl LogStore {
             let inner = self.inner.borrow();
             (inner.dir.join(META_FILE), encode_meta(&inner.meta))
         };
-        ferrolog_io::write_file(&path, bytes).await.map_err(io_err)
+        self.log.fs().write_file(&path, bytes).await
     }
 }
 
 /// Base offset and term of every batch from the log start to the log end.
-async fn walk_headers(log: &Log, from: i64) -> io::Result<VecDeque<(i64, u64)>> {
+async fn walk_headers<F: Fs>(log: &Log<F>, from: i64) -> io::Result<VecDeque<(i64, u64)>> {
     let mut positions = VecDeque::new();
     // A log start set inside a batch (DeleteRecords) leaves that batch an entry.
     let mut offset = log.whole_batches_start().max(from);
@@ -339,7 +399,7 @@ async fn walk_headers(log: &Log, from: i64) -> io::Result<VecDeque<(i64, u64)>> 
     Ok(positions)
 }
 
-impl RaftLogReader<PartitionRaft> for LogStoreReader {
+impl<C: PartitionTypes, F: Fs> RaftLogReader<C> for LogStoreReader<F> {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug>(
         &mut self,
         range: RB,
@@ -354,8 +414,8 @@ impl RaftLogReader<PartitionRaft> for LogStoreReader {
 
 /// The entries of `range` that the log holds, from io/ up to the durable offset and from
 /// `unflushed` after it.
-async fn read_entries<RB: RangeBounds<u64>>(
-    log: &Log,
+async fn read_entries<F: Fs, RB: RangeBounds<u64>>(
+    log: &Log<F>,
     inner: &RefCell<Inner>,
     range: RB,
 ) -> io::Result<Vec<Entry>> {
@@ -424,10 +484,10 @@ async fn read_entries<RB: RangeBounds<u64>>(
     Ok(out)
 }
 
-impl RaftLogStorage<PartitionRaft> for LogStore {
-    type LogReader = LogStoreReader;
+impl<C: PartitionTypes, F: Fs> RaftLogStorage<C> for LogStore<F> {
+    type LogReader = LogStoreReader<F>;
 
-    async fn get_log_state(&mut self) -> io::Result<LogState<PartitionRaft>> {
+    async fn get_log_state(&mut self) -> io::Result<LogState<C>> {
         let inner = self.inner.borrow();
         Ok(LogState {
             last_purged_log_id: inner.meta.purged,
@@ -435,11 +495,8 @@ impl RaftLogStorage<PartitionRaft> for LogStore {
         })
     }
 
-    async fn get_log_reader(&mut self) -> LogStoreReader {
-        LogStoreReader {
-            log: self.log.clone(),
-            inner: self.inner.clone(),
-        }
+    async fn get_log_reader(&mut self) -> LogStoreReader<F> {
+        self.reader()
     }
 
     async fn save_committed(&mut self, committed: Option<EntryLogId>) -> io::Result<()> {
@@ -467,7 +524,7 @@ impl RaftLogStorage<PartitionRaft> for LogStore {
         self.write_meta().await
     }
 
-    async fn append<I>(&mut self, entries: I, callback: IOFlushed<PartitionRaft>) -> io::Result<()>
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<C>) -> io::Result<()>
     where
         I: IntoIterator<Item = Entry>,
     {
@@ -503,9 +560,10 @@ impl RaftLogStorage<PartitionRaft> for LogStore {
             inner.unflushed.push_back((index, info.last_offset + 1, e));
         }
         let durable = self.log.wait_durable(self.log.end_offset());
-        GlommioRuntime::spawn(async move {
+        // Dropping the handle detaches the task.
+        drop(C::AsyncRuntime::spawn(async move {
             callback.io_completed(durable.await.map_err(io_err));
-        });
+        }));
         Ok(())
     }
 
@@ -690,6 +748,7 @@ fn decode_meta(bytes: &[u8]) -> io::Result<Meta> {
 mod tests {
     use super::*;
     use crate::state_machine::PartitionStateMachine;
+    use crate::GlommioRuntime;
     use openraft::testing::log::{StoreBuilder, Suite};
     use openraft::{ErrorSubject, ErrorVerb, StorageError};
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -785,10 +844,14 @@ mod tests {
                     payload: EntryPayload::Blank,
                 },
             ];
-            store.append(entries, IOFlushed::noop()).await.unwrap();
+            store
+                .append(entries, IOFlushed::<PartitionRaft>::noop())
+                .await
+                .unwrap();
             // Readable at once, before the flusher has run.
-            let mut reader = store.get_log_reader().await;
-            assert_eq!(reader.try_get_log_entries(1..7).await.unwrap().len(), 6);
+            let mut reader = store.reader();
+            let read = RaftLogReader::<PartitionRaft>::try_get_log_entries(&mut reader, 1..7);
+            assert_eq!(read.await.unwrap().len(), 6);
             store
                 .log()
                 .wait_durable(store.log().end_offset())
@@ -802,20 +865,31 @@ mod tests {
                 },
                 committed: true,
             };
-            store.save_vote(&vote).await.unwrap();
-            store.purge(id(1, 1)).await.unwrap();
-            store.truncate_after(Some(id(3, 5))).await.unwrap();
+            RaftLogStorage::<PartitionRaft>::save_vote(&mut store, &vote)
+                .await
+                .unwrap();
+            RaftLogStorage::<PartitionRaft>::purge(&mut store, id(1, 1))
+                .await
+                .unwrap();
+            RaftLogStorage::<PartitionRaft>::truncate_after(&mut store, Some(id(3, 5)))
+                .await
+                .unwrap();
             assert_eq!(store.log().start_offset(), 1);
             assert_eq!(store.log().end_offset(), 11);
             drop((store, reader));
 
             let mut store = LogStore::open(&dir, config, clock).await.unwrap();
-            let state = store.get_log_state().await.unwrap();
+            let state = RaftLogStorage::<PartitionRaft>::get_log_state(&mut store)
+                .await
+                .unwrap();
             assert_eq!(state.last_purged_log_id, Some(id(1, 1)));
             assert_eq!(state.last_log_id, Some(id(3, 5)));
-            let mut reader = store.get_log_reader().await;
-            assert_eq!(reader.read_vote().await.unwrap(), Some(vote));
-            let got = reader.try_get_log_entries(0..100).await.unwrap();
+            let mut reader = store.reader();
+            let vote_read = RaftLogReader::<PartitionRaft>::read_vote(&mut reader).await;
+            assert_eq!(vote_read.unwrap(), Some(vote));
+            let got = RaftLogReader::<PartitionRaft>::try_get_log_entries(&mut reader, 0..100)
+                .await
+                .unwrap();
             let ids: Vec<_> = got.iter().map(|e| e.log_id).collect();
             assert_eq!(ids, vec![id(1, 2), id(2, 3), id(2, 4), id(3, 5)]);
             assert_eq!(got[0].payload, EntryPayload::Membership(members));
@@ -866,7 +940,10 @@ mod tests {
                 .await
                 .unwrap();
             store
-                .append(vec![data(1, 1, 5), data(1, 2, 5)], IOFlushed::noop())
+                .append(
+                    vec![data(1, 1, 5), data(1, 2, 5)],
+                    IOFlushed::<PartitionRaft>::noop(),
+                )
                 .await
                 .unwrap();
             let end = store.log().end_offset();
@@ -883,10 +960,10 @@ mod tests {
             };
             std::fs::write(dir.join(META_FILE), encode_meta(&meta)).unwrap();
             let mut store = LogStore::open(&dir, config, clock).await.unwrap();
-            let state = store.get_log_state().await.unwrap();
-            assert_eq!(state.last_log_id, Some(id(1, 4)));
+            let state = RaftLogStorage::<PartitionRaft>::get_log_state(&mut store);
+            assert_eq!(state.await.unwrap().last_log_id, Some(id(1, 4)));
             store
-                .append(vec![data(1, 5, 3)], IOFlushed::noop())
+                .append(vec![data(1, 5, 3)], IOFlushed::<PartitionRaft>::noop())
                 .await
                 .unwrap();
             let view = store.view();

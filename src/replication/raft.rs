@@ -55,7 +55,6 @@ use ferrolog_raft::{openraft, GlommioRuntime};
 use futures::future::LocalBoxFuture;
 use futures::FutureExt;
 use openraft::impls::ProgressResponder;
-use openraft::storage::{RaftLogReader, RaftLogStorage};
 use openraft::{AsyncRuntime, BasicNode, EntryPayload, Raft};
 use uuid::Uuid;
 
@@ -265,9 +264,8 @@ impl Replica {
             log_start_asked,
             transport,
         } = placement;
-        let mut store = LogStore::open(dir, log_config, Rc::new(now_ms)).await?;
-        let fresh = store.get_log_state().await?.last_log_id.is_none()
-            && store.get_log_reader().await.read_vote().await?.is_none();
+        let store = LogStore::open(dir, log_config, Rc::new(now_ms)).await?;
+        let fresh = store.is_fresh();
         let view = store.view();
         let log = store.log().clone();
         let hw = Rc::new(Cell::new(log.start_offset()));

@@ -10,7 +10,8 @@
 //!
 //! Every operation takes a little simulated time, so a crash can fall between any two of
 //! them, and a write lands at the end of its operation. `fail_syncs` makes fsyncs fail now
-//! and then (the log must then refuse writes and acknowledge nothing more).
+//! and then (the log must then refuse writes and acknowledge nothing more); `fail` makes
+//! every change fail until `mend` (a disk that died); `sync_latency` makes a disk slow.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
@@ -37,7 +38,6 @@ struct Contents {
     synced: Vec<u8>,
 }
 
-#[derive(Default)]
 struct Inner {
     /// Files by inode number (an open file keeps its inode after it is deleted).
     files: BTreeMap<u64, Contents>,
@@ -48,14 +48,35 @@ struct Inner {
     next_inode: u64,
     /// Out of 1000, how many fsyncs fail.
     sync_failures_per_mille: u64,
+    /// Every write, sync and removal fails (`fail`, until `mend`).
+    failed: bool,
+    /// The longest an fsync takes, in microseconds (3000 unless `sync_latency` says).
+    sync_max_micros: u64,
     syncs_failed: u64,
     /// Print each operation to stderr (`ferrolog-sim --log --trace`).
     trace: bool,
 }
 
 /// A simulated disk, shared by every life of the node that owns it.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct SimFs(Rc<RefCell<Inner>>);
+
+impl Default for SimFs {
+    fn default() -> SimFs {
+        SimFs(Rc::new(RefCell::new(Inner {
+            files: BTreeMap::new(),
+            names: BTreeMap::new(),
+            synced_names: BTreeMap::new(),
+            dirs: BTreeSet::new(),
+            next_inode: 0,
+            sync_failures_per_mille: 0,
+            failed: false,
+            sync_max_micros: 3000,
+            syncs_failed: 0,
+            trace: false,
+        })))
+    }
+}
 
 impl SimFs {
     pub fn new() -> SimFs {
@@ -65,6 +86,38 @@ impl SimFs {
     /// From now on, about `per_mille` of 1000 fsyncs (files and directories) fail with EIO.
     pub fn fail_syncs(&self, per_mille: u64) {
         self.0.borrow_mut().sync_failures_per_mille = per_mille;
+    }
+
+    /// From now on every write, fsync, creation and removal fails with EIO; reads still
+    /// work. What was not synced never will be.
+    pub fn fail(&self) {
+        self.0.borrow_mut().failed = true;
+    }
+
+    /// The disk works again (for a node restarted on it after `fail`).
+    pub fn mend(&self) {
+        self.0.borrow_mut().failed = false;
+    }
+
+    pub fn failed(&self) -> bool {
+        self.0.borrow().failed
+    }
+
+    /// Fsyncs take up to `max` from now on.
+    pub fn sync_latency(&self, max: Duration) {
+        self.0.borrow_mut().sync_max_micros = (max.as_micros() as u64).max(1);
+    }
+
+    /// Whether nothing was ever written here (a new node).
+    pub fn is_empty(&self) -> bool {
+        self.0.borrow().names.is_empty()
+    }
+
+    fn check_failed(&self, what: &str) -> io::Result<()> {
+        match self.0.borrow().failed {
+            true => Err(eio(what)),
+            false => Ok(()),
+        }
     }
 
     /// From now on, print every operation that changes what is on the disk, with its
@@ -144,8 +197,9 @@ impl SimFs {
     /// Whether this fsync fails.
     fn sync_fails(&self) -> bool {
         let mut inner = self.0.borrow_mut();
-        let fails = inner.sync_failures_per_mille > 0
-            && random_u64() % 1000 < inner.sync_failures_per_mille;
+        let fails = inner.failed
+            || inner.sync_failures_per_mille > 0
+                && random_u64() % 1000 < inner.sync_failures_per_mille;
         if fails {
             inner.syncs_failed += 1;
         }
@@ -210,6 +264,7 @@ impl Fs for SimFs {
 
     async fn create_new(&self, path: &Path) -> io::Result<SimFile> {
         latency(200).await;
+        self.check_failed("create")?;
         let mut inner = self.0.borrow_mut();
         if inner.names.contains_key(path) {
             return Err(io::Error::new(io::ErrorKind::AlreadyExists, "file exists"));
@@ -265,6 +320,7 @@ impl Fs for SimFs {
     }
 
     fn remove(&self, path: &Path) -> io::Result<()> {
+        self.check_failed("remove")?;
         self.note(|| format!("remove {}", path.display()));
         match self.0.borrow_mut().names.remove(path) {
             Some(_) => Ok(()),
@@ -354,6 +410,7 @@ impl FsFile for SimFile {
 
     async fn write_at(&self, buf: Vec<u8>, pos: u64) -> io::Result<usize> {
         latency(500).await;
+        self.fs.check_failed("write")?;
         self.fs.note(|| {
             let batches = batch_starts(&buf, pos);
             format!("write inode {} at {pos}, {} bytes, batches (position, base offset, bytes) {batches:?}", self.inode, buf.len())
@@ -369,7 +426,8 @@ impl FsFile for SimFile {
     }
 
     async fn fdatasync(&self) -> io::Result<()> {
-        latency(3000).await;
+        let max = self.fs.0.borrow().sync_max_micros;
+        latency(max).await;
         if self.fs.sync_fails() {
             self.fs
                 .note(|| format!("fdatasync inode {} failed", self.inode));
@@ -386,6 +444,7 @@ impl FsFile for SimFile {
 
     async fn truncate(&self, size: u64) -> io::Result<()> {
         latency(200).await;
+        self.fs.check_failed("truncate")?;
         self.fs
             .note(|| format!("truncate inode {} to {size} bytes", self.inode));
         self.with(|c| c.data.resize(size as usize, 0));

@@ -1,16 +1,18 @@
 //! A deterministic simulator of one partition's Raft group, in the spirit of FoundationDB's
 //! simulation and TigerBeetle's VOPR: three nodes, openraft with ferrolog's partition config
-//! ([`crate::partition_config`]), a store with ferrolog's durability contract, a network and
-//! disks that misbehave, and crashes, pauses and partitions, all on one thread in simulated
-//! time. A seed fixes everything (the weather, the fault schedule and every interleaving),
+//! ([`crate::partition_config`]), the broker's own log store ([`crate::store::LogStore`] over
+//! io/'s `Log`) on simulated disks ([`fs`]), a network that misbehaves, and crashes, power
+//! losses, failed disks, pauses and partitions, all on one thread in simulated time. A seed fixes everything (the weather, the fault schedule and every interleaving),
 //! so a failing seed replays exactly.
 //!
 //! - [`runtime`]: the executor and simulated time (openraft's `AsyncRuntime`).
 //! - [`net`]: RPCs that are dropped, delayed, reordered, duplicated or cut one way; votes
 //!   pass the broker's vote guard, and a muted leader's appends do not go out.
-//! - [`store`]: a node's disk (unsynced writes are lost in a crash; a failed disk errs on
-//!   every write, flush and vote until the node restarts on a mended one), its log store and
-//!   its state machine.
+//! - [`fs`]: a node's disk. A kill keeps its page cache or is a power loss (unsynced writes
+//!   torn or lost, unsynced directory changes kept or not); a failed disk errs on every
+//!   write, sync and removal until the node restarts on a mended one; some disks are slow.
+//! - [`store`]: a node's state machine (it reports what it applies to the checker), and the
+//!   batches the clients write.
 //!
 //! The workload is three acks=all clients; each record is written once and never retried,
 //! so a record applied twice is a duplicate made by replication. The checkers:
@@ -35,13 +37,12 @@
 //! node that took an append from its leader, or restarted with a log, within 3 s refuses
 //! them.
 //!
-//! [`log_world`] is a second world: io/'s real `Log` (the partition log the broker's Raft
-//! store writes through) on a simulated disk ([`fs`]: unsynced data and directory entries
-//! lost on power loss, writes torn per sector, fsyncs that fail), killed and powered off at
-//! random and read back after every restart. What neither covers yet: the Raft group on the
-//! real log (this world's store is [`store`], not ferrolog-raft's `LogStore` over io/), the
-//! rest of the broker's `Replica` (offsets, producer state, quiescence and beats), the
-//! controller and the group coordinator.
+//! [`log_world`] is a second world: io/'s real `Log` alone on a simulated disk, with more
+//! concurrency against it than a Raft store makes (a retention timer, a purger, readers),
+//! killed and powered off at random and read back after every restart. What neither covers
+//! yet: snapshots and purges of the Raft log, the rest of the broker's `Replica` (Kafka
+//! offsets, producer state, quiescence and beats, reads and their lease), the controller
+//! and the group coordinator.
 
 pub mod fs;
 pub mod log_world;
@@ -63,9 +64,13 @@ use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 
 use crate::check_quorum::CheckQuorum;
+use crate::store::{LogStore, LogStoreReader};
+use ferrolog_io::LogConfig;
+use fs::SimFs;
 use net::{Factory, Net, NodeRaft, Weather};
+use openraft::storage::RaftLogReader;
 use runtime::{spawn_on, NodeId, Sim, SimInstant, SimRuntime};
-use store::{Applied, Disk, LogId, StateMachine, Store};
+use store::{batch_of, Applied, LogId, StateMachine};
 
 /// A record of the workload: the client that wrote it and its sequence number.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -83,7 +88,7 @@ impl fmt::Display for Record {
 openraft::declare_raft_types!(
     /// The types of a simulated group: a partition's, with records for batches.
     pub SimRaft:
-        D = Record,
+        D = crate::entry::Batch,
         R = (),
         NodeId = u64,
         Node = BasicNode,
@@ -97,6 +102,20 @@ const NODES: [NodeId; 3] = [1, 2, 3];
 const CLIENTS: u32 = 3;
 /// How long a client waits for an acknowledgement before it gives the record up.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The partition directory on every node's disk.
+const DIR: &str = "/sim/partition";
+
+/// Small segments, so that rolls, index entries and truncations across segments are common.
+fn log_config() -> LogConfig {
+    LogConfig {
+        segment_bytes: 4000,
+        index_interval_bytes: 700,
+        preallocate_bytes: 4096,
+        cache_bytes_max: 3000,
+        ..LogConfig::default()
+    }
+}
+
 /// After the faults: how long the healed group has to take a write, then to converge.
 const RECOVERY: Duration = Duration::from_secs(20);
 const SETTLE: Duration = Duration::from_secs(10);
@@ -166,8 +185,9 @@ impl Checker {
 /// A fault of the schedule; each one ends by itself.
 #[derive(Debug, Clone, Copy)]
 pub enum Fault {
-    /// Kill a node (the leader at the time, if `leader`), keep `keep` of its unsynced
-    /// writes, and restart it after `down`.
+    /// Kill a node (the leader at the time, if `leader`) and restart it after `down`: with
+    /// `keep` 1 the process dies and its page cache survives, else its power goes too
+    /// (unsynced writes torn or lost).
     Crash {
         node: NodeId,
         leader: bool,
@@ -188,8 +208,8 @@ pub enum Fault {
     Bridge { middle: NodeId, down: Duration },
     /// Fail a node's disk (the leader's at the time, if `leader`): every write, flush and
     /// vote from then on returns an error, so its Raft core stops; after `down` the node is
-    /// killed (keeping `keep` of its unsynced writes, as a crash does), its disk mended,
-    /// and it starts again.
+    /// killed (`keep` as for a crash: with 1 the page cache, unsynced pages and all,
+    /// survives), its disk mended, and it starts again.
     DiskFail {
         node: NodeId,
         leader: bool,
@@ -455,8 +475,11 @@ fn actions(events: &[Event]) -> Vec<(Duration, usize, Action)> {
 struct World {
     sim: Sim,
     net: Rc<Net>,
-    disks: BTreeMap<NodeId, Rc<RefCell<Disk>>>,
-    flush_max: BTreeMap<NodeId, Duration>,
+    disks: BTreeMap<NodeId, SimFs>,
+    /// A reader of each running node's log store (for the final check).
+    readers: Rc<RefCell<BTreeMap<NodeId, LogStoreReader<SimFs>>>>,
+    /// Draws what each power loss keeps.
+    rng: SmallRng,
     /// Nodes down (crashed, not yet restarted).
     down: BTreeSet<NodeId>,
     /// Nodes stopped, with how many pause faults hold each.
@@ -481,21 +504,34 @@ impl World {
             self.disks[&node].clone(),
             self.checker.clone(),
         );
-        let flush_max = self.flush_max[&node];
-        if !disk.borrow().fresh() {
+        if !disk.is_empty() {
             // It may have acknowledged a leader just before it went down.
             self.net.hold_votes(node);
         }
         let config = Rc::clone(&self.config);
         let check_quorum = self.check_quorum;
+        let readers = self.readers.clone();
         // Spawned on the node, so that every task openraft starts belongs to it.
         spawn_on(node, async move {
-            let store = Store::new(disk, flush_max);
+            let clock = Rc::new(|| SimInstant::now().since_start().as_millis() as i64);
+            let dir = std::path::Path::new(DIR);
+            let disk_failed = disk.clone();
+            let store = match LogStore::open_on(disk, dir, log_config(), clock).await {
+                Ok(store) => store,
+                // A disk that failed meanwhile fails the open; the node stays down until the
+                // disk is mended.
+                Err(_) if disk_failed.failed() => return,
+                Err(e) => {
+                    checker.violation(format!("unopenable: node {node}'s log: {e}"));
+                    return;
+                }
+            };
+            readers.borrow_mut().insert(node, store.reader());
             let sm = StateMachine {
                 node,
                 applied: None,
                 membership: Default::default(),
-                checker,
+                checker: checker.clone(),
             };
             let factory = Factory {
                 node,
@@ -509,7 +545,9 @@ impl World {
                         tend(node, raft, net).await;
                     }
                 }
-                Err(e) => panic!("node {node} failed to start: {e}"),
+                Err(e) => {
+                    checker.violation(format!("unopenable: node {node} failed to start: {e}"))
+                }
             }
         });
     }
@@ -519,8 +557,13 @@ impl World {
             return;
         }
         self.net.set_raft(node, None);
+        self.readers.borrow_mut().remove(&node);
         self.sim.crash(node);
-        self.disks[&node].borrow_mut().crash(keep);
+        let disk = &self.disks[&node];
+        if keep < 1.0 {
+            disk.power_loss(&mut self.rng);
+        }
+        disk.mend();
         // The process that comes back is not a stopped one.
         if self.paused.remove(&node).is_some() {
             self.sim.pause(node, false);
@@ -592,12 +635,12 @@ impl World {
                     };
                     // A node that is down has no disk to fail.
                     if !self.down.contains(&node) {
-                        self.disks[&node].borrow_mut().fail();
+                        self.disks[&node].fail();
                         self.failed.insert(event, node);
                     }
                 } else if let Some(node) = self.failed.remove(&event) {
                     // Unless a crash in between restarted it with a mended disk already.
-                    if self.disks[&node].borrow().failed() {
+                    if self.disks[&node].failed() {
                         self.mend(node, keep);
                         self.start(node);
                     }
@@ -676,7 +719,7 @@ async fn client(
         let (tx, rx) = tokio::sync::oneshot::channel();
         if let Some(raft) = net.raft(target) {
             spawn_on(target, async move {
-                let _ = tx.send(raft.client_write(record).await);
+                let _ = tx.send(raft.client_write(batch_of(record)).await);
             });
         }
         let answer = SimRuntime::timeout(CLIENT_TIMEOUT, rx).await;
@@ -719,8 +762,16 @@ pub fn run(options: &Options) -> Outcome {
     let mut world = World {
         sim: Sim::new(options.seed),
         net: Net::new(plan.weather),
-        disks: NODES.iter().map(|&n| (n, Rc::default())).collect(),
-        flush_max: plan.flush_max,
+        disks: NODES
+            .iter()
+            .map(|&n| {
+                let disk = SimFs::new();
+                disk.sync_latency(plan.flush_max[&n]);
+                (n, disk)
+            })
+            .collect(),
+        readers: Rc::default(),
+        rng: SmallRng::seed_from_u64(options.seed ^ 0xd15c),
         down: BTreeSet::new(),
         paused: BTreeMap::new(),
         deafened: BTreeMap::new(),
@@ -776,7 +827,7 @@ pub fn run(options: &Options) -> Outcome {
         world.sim.pause(n, false);
     }
     for node in std::mem::take(&mut world.failed).into_values() {
-        if world.disks[&node].borrow().failed() {
+        if world.disks[&node].failed() {
             world.mend(node, 0.5);
         }
     }
@@ -803,7 +854,7 @@ pub fn run(options: &Options) -> Outcome {
     }
     world.sim.run_until(world.sim.now() + SETTLE);
     converged(&world, "after a power loss");
-    acked_survived(&world);
+    acked_survived(&mut world);
     writable_while_deaf(&world.checker, start, &events);
 
     let outcome = Outcome {
@@ -819,17 +870,13 @@ pub fn run(options: &Options) -> Outcome {
 
 /// Every acknowledged record is at its acknowledged log id on a majority of the nodes' logs,
 /// and no node holds another entry there (a node merely behind is `converged`'s to report).
-fn acked_survived(world: &World) {
+fn acked_survived(world: &mut World) {
+    let logs = read_logs(world);
     let checker = &world.checker;
-    let logs: BTreeMap<NodeId, Vec<(LogId, Option<Record>)>> = world
-        .disks
-        .iter()
-        .map(|(&n, d)| (n, d.borrow().log()))
-        .collect();
     for &(record, log_id) in checker.acked.borrow().iter() {
         let mut holders = 0;
         for (node, log) in &logs {
-            match log.get(log_id.index as usize) {
+            match log.get(&log_id.index) {
                 Some(held) if *held == (log_id, Some(record)) => holders += 1,
                 Some(other) => checker.violation(format!(
                     "acknowledged {record} at {log_id} overwritten: node {node} holds {other:?}"
@@ -843,6 +890,31 @@ fn acked_survived(world: &World) {
             ));
         }
     }
+}
+
+/// Each running node's log as (log id, record) by index, read through its store as
+/// openraft reads it.
+fn read_logs(world: &mut World) -> BTreeMap<NodeId, BTreeMap<u64, (LogId, Option<Record>)>> {
+    let logs = Rc::new(RefCell::new(BTreeMap::new()));
+    for (&node, reader) in world.readers.borrow().iter() {
+        let (mut reader, logs, checker) = (reader.clone(), logs.clone(), world.checker.clone());
+        spawn_on(node, async move {
+            match RaftLogReader::<SimRaft>::try_get_log_entries(&mut reader, ..).await {
+                Ok(entries) => {
+                    let log = entries
+                        .iter()
+                        .map(|e| (e.log_id.index, (e.log_id, store::record_of(e))))
+                        .collect();
+                    logs.borrow_mut().insert(node, log);
+                }
+                Err(e) => checker.violation(format!("unreadable: node {node}'s log: {e}")),
+            }
+        });
+    }
+    world
+        .sim
+        .run_until(world.sim.now() + Duration::from_secs(1));
+    logs.take()
 }
 
 /// Every node applied as far as the others.

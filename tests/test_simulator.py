@@ -66,6 +66,16 @@ def test_undoing_check_quorum_leaves_a_deaf_leaders_group_unwritable():
     assert re.search(r"unwritable: no write acknowledged .* while a node was deaf", run.stdout), run.stdout[-3000:]
 
 
+def test_undoing_the_purge_ordering_fix_is_found():
+    # The Raft store records a purge point only once the batches below it are on disk; undone,
+    # seed 20 leaves a node whose log lost batches below its recorded purge point.
+    run = simulate(["scripts/simulate.sh", "--seed", "20", "--unfix", "purge", "--no-shrink"])
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+    assert re.search(r"unrecovered: .* node \d stopped: .*out of range", run.stdout), run.stdout[-3000:]
+    fixed = simulate(["scripts/simulate.sh", "--seed", "20"])
+    assert fixed.returncode == 0, fixed.stdout[-3000:]
+
+
 def test_the_readme_log_command_passes_its_seeds():
     command = readme_block("Simulate it: ferrolog-sim", 1, "sh").strip()
     assert "--log" in command, command

@@ -21,8 +21,10 @@ use futures::{Stream, StreamExt};
 use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine, Snapshot};
 use openraft::{RaftTypeConfig, SnapshotMeta, StoredMembership};
 
+use ferrolog_io::{Fs, GlommioFs};
+
 use crate::entry::{Entry, EntryLogId};
-use crate::store::StoreView;
+use crate::store::{PartitionTypes, StoreView};
 use crate::{wire, PartitionRaft};
 
 type Node = <PartitionRaft as RaftTypeConfig>::Node;
@@ -49,17 +51,30 @@ pub enum Applied<'a> {
 /// Called with each committed entry and each snapshot installed.
 pub type ApplyHook = Box<dyn FnMut(Applied<'_>)>;
 
-/// How far a partition's log is committed (applied) and its latest membership.
-#[derive(Default)]
-pub struct PartitionStateMachine {
+/// How far a partition's log is committed (applied) and its latest membership. Generic over
+/// the file system of its log, as the store is (the simulator runs it on its disks).
+pub struct PartitionStateMachine<F: Fs = GlommioFs> {
     last_applied: Option<EntryLogId>,
     membership: Stored,
     snapshot: Option<(Meta, NextOffset)>,
     on_apply: Option<ApplyHook>,
     /// The partition's log: where a snapshot's offset comes from and where it is kept.
-    store: Option<StoreView>,
+    store: Option<StoreView<F>>,
     /// Held while a snapshot is kept (`keep`), so an older one never lands last.
     keeping: Rc<tokio::sync::Mutex<()>>,
+}
+
+impl<F: Fs> Default for PartitionStateMachine<F> {
+    fn default() -> Self {
+        PartitionStateMachine {
+            last_applied: None,
+            membership: Stored::default(),
+            snapshot: None,
+            on_apply: None,
+            store: None,
+            keeping: Rc::default(),
+        }
+    }
 }
 
 impl PartitionStateMachine {
@@ -71,13 +86,15 @@ impl PartitionStateMachine {
             ..PartitionStateMachine::default()
         }
     }
+}
 
+impl<F: Fs> PartitionStateMachine<F> {
     /// The state machine of a partition whose log `store` is: its latest snapshot comes back
     /// from disk (openraft installs it at start-up), and `hook` hears of every entry applied
     /// and snapshot installed.
-    pub fn open(store: StoreView, hook: ApplyHook) -> io::Result<PartitionStateMachine> {
+    pub fn open(store: StoreView<F>, hook: ApplyHook) -> io::Result<PartitionStateMachine<F>> {
         let path = snapshot_path(&store);
-        let snapshot = match std::fs::read(&path) {
+        let snapshot = match store.fs().read(&path) {
             Ok(bytes) => Some(decode_snapshot(&bytes).map_err(|e| {
                 io::Error::new(
                     io::ErrorKind::InvalidData,
@@ -135,7 +152,7 @@ impl PartitionStateMachine {
     }
 }
 
-fn snapshot_path(store: &StoreView) -> PathBuf {
+fn snapshot_path<F: Fs>(store: &StoreView<F>) -> PathBuf {
     store.dir().join(SNAPSHOT_FILE)
 }
 
@@ -169,8 +186,8 @@ fn decode_snapshot(bytes: &[u8]) -> Result<(Meta, NextOffset), String> {
 
 /// Keeps the snapshot in `raft-snapshot` and tells the store, unless a newer one is kept
 /// already (a replica's own retention snapshot may finish after it installed its leader's).
-async fn keep(
-    store: &Option<StoreView>,
+async fn keep<F: Fs>(
+    store: &Option<StoreView<F>>,
     keeping: &tokio::sync::Mutex<()>,
     meta: &Meta,
     next: NextOffset,
@@ -182,16 +199,18 @@ async fn keep(
     if store.snapshot_index().is_some_and(|kept| kept > last.index) {
         return Ok(());
     }
-    ferrolog_io::write_file(&snapshot_path(store), encode_snapshot(meta, next))
-        .await
-        .map_err(io::Error::other)?;
+    let path = snapshot_path(store);
+    store
+        .fs()
+        .write_file(&path, encode_snapshot(meta, next))
+        .await?;
     store.note_snapshot(last.index, next.0);
     Ok(())
 }
 
-impl RaftStateMachine<PartitionRaft> for PartitionStateMachine {
+impl<C: PartitionTypes, F: Fs> RaftStateMachine<C> for PartitionStateMachine<F> {
     type SnapshotData = NextOffset;
-    type SnapshotBuilder = SnapshotTaker;
+    type SnapshotBuilder = SnapshotTaker<F>;
 
     async fn applied_state(&mut self) -> io::Result<(Option<EntryLogId>, Stored)> {
         Ok((self.last_applied, self.membership.clone()))
@@ -199,7 +218,7 @@ impl RaftStateMachine<PartitionRaft> for PartitionStateMachine {
 
     async fn apply<S>(&mut self, mut entries: S) -> io::Result<()>
     where
-        S: Stream<Item = io::Result<EntryResponder<PartitionRaft>>> + Unpin,
+        S: Stream<Item = io::Result<EntryResponder<C>>> + Unpin,
     {
         while let Some(item) = entries.next().await {
             let (entry, responder) = item?;
@@ -222,7 +241,7 @@ impl RaftStateMachine<PartitionRaft> for PartitionStateMachine {
         Ok(())
     }
 
-    async fn get_snapshot_builder(&mut self) -> SnapshotTaker {
+    async fn get_snapshot_builder(&mut self) -> SnapshotTaker<F> {
         let (meta, next) = self.current();
         SnapshotTaker {
             meta,
@@ -232,8 +251,8 @@ impl RaftStateMachine<PartitionRaft> for PartitionStateMachine {
         }
     }
 
-    async fn try_create_snapshot_builder(&mut self, force: bool) -> Option<SnapshotTaker> {
-        let mut taker = self.get_snapshot_builder().await;
+    async fn try_create_snapshot_builder(&mut self, force: bool) -> Option<SnapshotTaker<F>> {
+        let mut taker = RaftStateMachine::<C>::get_snapshot_builder(self).await;
         if let Some((meta, next)) = &self.snapshot {
             if meta.last_log_id >= taker.meta.last_log_id {
                 // Nothing newer to take (retention asked for an entry the snapshot in place,
@@ -271,14 +290,14 @@ impl RaftStateMachine<PartitionRaft> for PartitionStateMachine {
 }
 
 /// Builds the snapshot of the state at the time it was created, and keeps it on disk.
-pub struct SnapshotTaker {
+pub struct SnapshotTaker<F: Fs = GlommioFs> {
     meta: Meta,
     next: NextOffset,
-    store: Option<StoreView>,
+    store: Option<StoreView<F>>,
     keeping: Rc<tokio::sync::Mutex<()>>,
 }
 
-impl RaftSnapshotBuilder<PartitionRaft> for SnapshotTaker {
+impl<C: PartitionTypes, F: Fs> RaftSnapshotBuilder<C> for SnapshotTaker<F> {
     type SnapshotData = NextOffset;
 
     async fn build_snapshot(&mut self) -> io::Result<PartitionSnapshot> {

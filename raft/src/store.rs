@@ -42,13 +42,48 @@ pub type Vote = <PartitionRaft as RaftTypeConfig>::Vote;
 
 /// A type config the store serves: a partition's entries and votes, on any runtime.
 pub trait PartitionTypes:
-    RaftTypeConfig<LeaderId = LeaderId<u64, u64>, Entry = Entry, Vote = Vote>
+    RaftTypeConfig<
+    R = (),
+    NodeId = u64,
+    Node = openraft::BasicNode,
+    LeaderId = LeaderId<u64, u64>,
+    Entry = Entry,
+    Vote = Vote,
+>
 {
 }
 
 impl<C> PartitionTypes for C where
-    C: RaftTypeConfig<LeaderId = LeaderId<u64, u64>, Entry = Entry, Vote = Vote>
+    C: RaftTypeConfig<
+        R = (),
+        NodeId = u64,
+        Node = openraft::BasicNode,
+        LeaderId = LeaderId<u64, u64>,
+        Entry = Entry,
+        Vote = Vote,
+    >
 {
+}
+
+/// Simulation only: a fix of the store that ferrolog-sim can undo on its own thread
+/// (`--unfix purge`), to show that its checker finds the defect it fixes. Nothing else sets it.
+#[doc(hidden)]
+pub mod unfix {
+    use std::cell::Cell;
+
+    thread_local! {
+        static PURGE_UNSYNCED: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// Undoes (or restores) the fix on this thread: a purge records its purge point without
+    /// waiting for the batches below it to be on disk.
+    pub fn set_purge_unsynced(undone: bool) {
+        PURGE_UNSYNCED.with(|u| u.set(undone));
+    }
+
+    pub(crate) fn purge_unsynced() -> bool {
+        PURGE_UNSYNCED.with(|u| u.get())
+    }
 }
 
 /// File holding the vote, the last purged log id and the first entry's index.
@@ -149,6 +184,17 @@ impl<F: Fs> StoreView<F> {
     /// The partition directory.
     pub fn dir(&self) -> &Path {
         self.log.dir()
+    }
+
+    /// The file system the log lives on.
+    pub fn fs(&self) -> &F {
+        self.log.fs()
+    }
+
+    /// Index of the first entry the log holds (of the next one, when it holds none): the
+    /// entries below it are purged, and covered by a snapshot.
+    pub fn first_index(&self) -> u64 {
+        self.inner.borrow().meta.first_index
     }
 
     /// The state machine took (or installed) a snapshot up to entry `index`, after which
@@ -640,7 +686,9 @@ impl<C: PartitionTypes, F: Fs> RaftLogStorage<C> for LogStore<F> {
         // so snapshots and purges, entries this node has accepted but perhaps not yet
         // written. A purge point recorded first could outlive a crash that lost them, and
         // the next entry would then land at another Kafka offset than on the leader.
-        self.log.wait_durable(new_start).await.map_err(io_err)?;
+        if !unfix::purge_unsynced() {
+            self.log.wait_durable(new_start).await.map_err(io_err)?;
+        }
         // The purge point is recorded before the log start moves: a crash in between leaves
         // batches below the recorded start, which the next open skips.
         self.write_meta().await?;

@@ -37,12 +37,18 @@
 //! node that took an append from its leader, or restarted with a log, within 3 s refuses
 //! them.
 //!
+//! Each node's retention ([`retention`]) takes snapshots and purges its log as the broker's
+//! does, so followers behind a purge install their leader's snapshot and restart their log
+//! at its offset; the state machine is the broker's too (`PartitionStateMachine`, keeping
+//! its snapshot on the node's disk). `Options::purge_unsynced` undoes the store's fix that
+//! records a purge point only once the batches below it are on disk.
+//!
 //! [`log_world`] is a second world: io/'s real `Log` alone on a simulated disk, with more
 //! concurrency against it than a Raft store makes (a retention timer, a purger, readers),
 //! killed and powered off at random and read back after every restart. What neither covers
-//! yet: snapshots and purges of the Raft log, the rest of the broker's `Replica` (Kafka
-//! offsets, producer state, quiescence and beats, reads and their lease), the controller
-//! and the group coordinator.
+//! yet: the rest of the broker's `Replica` (Kafka offsets, producer state, quiescence and
+//! beats, reads and their lease, DeleteRecords' log-start entries), the controller and the
+//! group coordinator.
 
 pub mod fs;
 pub mod log_world;
@@ -64,13 +70,14 @@ use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 
 use crate::check_quorum::CheckQuorum;
-use crate::store::{LogStore, LogStoreReader};
+use crate::state_machine::PartitionStateMachine;
+use crate::store::{LogStore, LogStoreReader, StoreView};
 use ferrolog_io::LogConfig;
 use fs::SimFs;
 use net::{Factory, Net, NodeRaft, Weather};
 use openraft::storage::RaftLogReader;
 use runtime::{spawn_on, NodeId, Sim, SimInstant, SimRuntime};
-use store::{batch_of, Applied, LogId, StateMachine};
+use store::{batch_of, reporter, Applied, LogId};
 
 /// A record of the workload: the client that wrote it and its sequence number.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -132,6 +139,8 @@ pub struct Checker {
     violations: RefCell<Vec<String>>,
     /// A running hash of everything applied, in order: equal runs have equal fingerprints.
     fingerprint: Cell<u64>,
+    purges: Cell<u64>,
+    snapshots_installed: Cell<u64>,
 }
 
 impl Checker {
@@ -244,6 +253,9 @@ pub struct Options {
     /// Leaves out check quorum (defect h of issue 17's fix, `crate::check_quorum`), to show
     /// the simulator finds a deaf leader that keeps its group unwritable.
     pub no_check_quorum: bool,
+    /// Lets a purge record its purge point before the batches below it are on disk (the
+    /// store's fix undone, `crate::store::unfix`), to show the simulator finds it.
+    pub purge_unsynced: bool,
     /// Only these events of the seed's schedule (by index), for shrinking.
     pub keep: Option<BTreeSet<usize>>,
     /// A schedule of long deaf-leader faults only (defect h of issue 17), each checked for
@@ -258,6 +270,7 @@ impl Options {
             seconds: 60,
             leader_restore: false,
             no_check_quorum: false,
+            purge_unsynced: false,
             keep: None,
             deaf: false,
         }
@@ -273,6 +286,10 @@ pub struct Outcome {
     pub faults: usize,
     /// Disk faults whose node's Raft core had stopped by the time it was mended.
     pub stopped_by_disk: usize,
+    /// Purges of a node's log by its retention, and snapshots a node installed from its
+    /// leader (its log restarted at the snapshot's offset).
+    pub purges: u64,
+    pub snapshots_installed: u64,
     pub fingerprint: u64,
 }
 
@@ -471,13 +488,16 @@ fn actions(events: &[Event]) -> Vec<(Duration, usize, Action)> {
     out
 }
 
+/// What the final check reads a running node's log store through.
+type NodeStore = (LogStoreReader<SimFs>, StoreView<SimFs>);
+
 /// The simulated cluster: its nodes' disks and the network between them.
 struct World {
     sim: Sim,
     net: Rc<Net>,
     disks: BTreeMap<NodeId, SimFs>,
-    /// A reader of each running node's log store (for the final check).
-    readers: Rc<RefCell<BTreeMap<NodeId, LogStoreReader<SimFs>>>>,
+    /// A reader and a view of each running node's log store (for the final check).
+    stores: Rc<RefCell<BTreeMap<NodeId, NodeStore>>>,
     /// Draws what each power loss keeps.
     rng: SmallRng,
     /// Nodes down (crashed, not yet restarted).
@@ -510,7 +530,7 @@ impl World {
         }
         let config = Rc::clone(&self.config);
         let check_quorum = self.check_quorum;
-        let readers = self.readers.clone();
+        let stores = self.stores.clone();
         // Spawned on the node, so that every task openraft starts belongs to it.
         spawn_on(node, async move {
             let clock = Rc::new(|| SimInstant::now().since_start().as_millis() as i64);
@@ -526,13 +546,18 @@ impl World {
                     return;
                 }
             };
-            readers.borrow_mut().insert(node, store.reader());
-            let sm = StateMachine {
-                node,
-                applied: None,
-                membership: Default::default(),
-                checker: checker.clone(),
-            };
+            stores
+                .borrow_mut()
+                .insert(node, (store.reader(), store.view()));
+            let view = store.view();
+            let sm =
+                match PartitionStateMachine::open(view.clone(), reporter(node, checker.clone())) {
+                    Ok(sm) => sm,
+                    Err(e) => {
+                        checker.violation(format!("unopenable: node {node}'s snapshot: {e}"));
+                        return;
+                    }
+                };
             let factory = Factory {
                 node,
                 net: net.clone(),
@@ -541,6 +566,7 @@ impl World {
             match Raft::new(node, config, factory, store, sm).await {
                 Ok(raft) => {
                     net.set_raft(node, Some(raft.clone()));
+                    spawn_on(node, retention(raft.clone(), view, checker.clone()));
                     if check_quorum {
                         tend(node, raft, net).await;
                     }
@@ -557,7 +583,7 @@ impl World {
             return;
         }
         self.net.set_raft(node, None);
-        self.readers.borrow_mut().remove(&node);
+        self.stores.borrow_mut().remove(&node);
         self.sim.crash(node);
         let disk = &self.disks[&node];
         if keep < 1.0 {
@@ -703,6 +729,52 @@ async fn tend(node: NodeId, raft: NodeRaft, net: Rc<Net>) {
     }
 }
 
+/// How many applied entries a node's retention leaves in its log, at least.
+const RETAINED_ENTRIES: u64 = 20;
+
+/// A node's retention, as the broker's (`Replica::apply_retention`) drives it: now and then
+/// a snapshot through an applied entry, then a purge of the log up to it. Each node purges
+/// on its own, as each broker applies its own limits; a follower that needs purged entries
+/// installs its leader's snapshot, and its log starts again where the snapshot says.
+async fn retention(raft: NodeRaft, view: StoreView<SimFs>, checker: Rc<Checker>) {
+    let mut first = view.first_index();
+    loop {
+        SimRuntime::sleep(Duration::from_millis(1000 + runtime::random_u64() % 3000)).await;
+        if view.first_index() > first {
+            first = view.first_index();
+            checker.purges.set(checker.purges.get() + 1);
+        }
+        let applied = raft.metrics().borrow_watched().last_applied;
+        let Some(applied) = applied.map(|a| a.index) else {
+            continue;
+        };
+        let keep = RETAINED_ENTRIES + runtime::random_u64() % 40;
+        let Some(upto) = applied
+            .checked_sub(keep)
+            .filter(|&u| u >= view.first_index())
+        else {
+            continue;
+        };
+        let covered =
+            |m: &openraft::RaftMetrics<SimRaft>| m.snapshot.is_some_and(|s| s.index >= upto);
+        if !covered(&raft.metrics().borrow_watched()) {
+            view.snapshot_through(upto);
+            if raft.trigger().snapshot().await.is_err() {
+                continue;
+            }
+            let waited = raft.wait(Some(Duration::from_secs(5)));
+            if waited
+                .metrics(covered, "a snapshot for retention")
+                .await
+                .is_err()
+            {
+                continue;
+            }
+        }
+        let _ = raft.trigger().purge_log(upto).await;
+    }
+}
+
 /// A client: writes its records one at a time through whichever node it believes leads.
 async fn client(
     id: u32,
@@ -746,6 +818,13 @@ async fn client(
 
 /// Runs one simulation.
 pub fn run(options: &Options) -> Outcome {
+    crate::store::unfix::set_purge_unsynced(options.purge_unsynced);
+    let outcome = run_world(options);
+    crate::store::unfix::set_purge_unsynced(false);
+    outcome
+}
+
+fn run_world(options: &Options) -> Outcome {
     let plan = plan(options.seed, options.seconds, options.deaf);
     let events: Vec<Event> = plan
         .events
@@ -770,7 +849,7 @@ pub fn run(options: &Options) -> Outcome {
                 (n, disk)
             })
             .collect(),
-        readers: Rc::default(),
+        stores: Rc::default(),
         rng: SmallRng::seed_from_u64(options.seed ^ 0xd15c),
         down: BTreeSet::new(),
         paused: BTreeMap::new(),
@@ -862,6 +941,8 @@ pub fn run(options: &Options) -> Outcome {
         acked: checker.acked.borrow().len(),
         faults: events.len(),
         stopped_by_disk: world.stopped_by_disk,
+        purges: checker.purges.get(),
+        snapshots_installed: checker.snapshots_installed.get(),
         fingerprint: checker.fingerprint.get(),
     };
     drop(world);
@@ -875,7 +956,13 @@ fn acked_survived(world: &mut World) {
     let checker = &world.checker;
     for &(record, log_id) in checker.acked.borrow().iter() {
         let mut holders = 0;
-        for (node, log) in &logs {
+        for (node, (first, log)) in &logs {
+            if log_id.index < *first {
+                // Purged: covered by this node's snapshot, which holds only applied entries,
+                // each the one every node applied there (`Checker::applied`).
+                holders += 1;
+                continue;
+            }
             match log.get(&log_id.index) {
                 Some(held) if *held == (log_id, Some(record)) => holders += 1,
                 Some(other) => checker.violation(format!(
@@ -892,12 +979,15 @@ fn acked_survived(world: &mut World) {
     }
 }
 
-/// Each running node's log as (log id, record) by index, read through its store as
-/// openraft reads it.
-fn read_logs(world: &mut World) -> BTreeMap<NodeId, BTreeMap<u64, (LogId, Option<Record>)>> {
+/// Each running node's first log index (the entries below it purged), and its log as
+/// (log id, record) by index, read through its store as openraft reads it.
+type Logs = BTreeMap<NodeId, (u64, BTreeMap<u64, (LogId, Option<Record>)>)>;
+
+fn read_logs(world: &mut World) -> Logs {
     let logs = Rc::new(RefCell::new(BTreeMap::new()));
-    for (&node, reader) in world.readers.borrow().iter() {
+    for (&node, (reader, view)) in world.stores.borrow().iter() {
         let (mut reader, logs, checker) = (reader.clone(), logs.clone(), world.checker.clone());
+        let view = view.clone();
         spawn_on(node, async move {
             match RaftLogReader::<SimRaft>::try_get_log_entries(&mut reader, ..).await {
                 Ok(entries) => {
@@ -905,7 +995,7 @@ fn read_logs(world: &mut World) -> BTreeMap<NodeId, BTreeMap<u64, (LogId, Option
                         .iter()
                         .map(|e| (e.log_id.index, (e.log_id, store::record_of(e))))
                         .collect();
-                    logs.borrow_mut().insert(node, log);
+                    logs.borrow_mut().insert(node, (view.first_index(), log));
                 }
                 Err(e) => checker.violation(format!("unreadable: node {node}'s log: {e}")),
             }
@@ -932,8 +1022,18 @@ fn converged(world: &World, when: &str) {
         .collect();
     let max = applied.values().max().copied().flatten();
     if applied.values().any(|a| *a != max) {
+        // Why a node lags, when its Raft core stopped.
+        let stopped: Vec<String> = NODES
+            .iter()
+            .filter_map(|&n| {
+                let raft = world.net.raft(n)?;
+                let state = raft.metrics().borrow_watched().running_state.clone();
+                state.err().map(|e| format!("node {n} stopped: {e}"))
+            })
+            .collect();
         checker.violation(format!(
-            "unrecovered: nodes applied up to {applied:?} {when}"
+            "unrecovered: nodes applied up to {applied:?} {when}{}",
+            stopped.iter().map(|s| format!("; {s}")).collect::<String>()
         ));
     }
 }
@@ -1015,6 +1115,9 @@ pub fn command(options: &Options) -> String {
     if options.no_check_quorum {
         cmd.push_str(" --unfix h");
     }
+    if options.purge_unsynced {
+        cmd.push_str(" --unfix purge");
+    }
     if options.deaf {
         cmd.push_str(" --deaf");
     }
@@ -1067,7 +1170,7 @@ mod tests {
     /// on without it.
     #[test]
     fn seeds_pass() {
-        let mut stopped = 0;
+        let (mut stopped, mut purges, mut installed) = (0, 0, 0);
         for seed in 1..=4 {
             let o = short(seed);
             let out = run(&o);
@@ -1079,8 +1182,14 @@ mod tests {
             );
             assert!(out.acked > 100, "{}: only {} acks", command(&o), out.acked);
             stopped += out.stopped_by_disk;
+            purges += out.purges;
+            installed += out.snapshots_installed;
         }
         assert!(stopped > 0, "no disk fault of seeds 1..=4 stopped a core");
+        assert!(
+            purges > 0 && installed > 0,
+            "{purges} purges, {installed} snapshots"
+        );
     }
 
     /// Defect a of issue 17: with leader restore on (openraft's default), a restarted

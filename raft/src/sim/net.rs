@@ -19,11 +19,13 @@ use openraft::raft::{
 };
 use openraft::{AsyncRuntime, BasicNode, Snapshot};
 
+use super::fs::SimFs;
 use super::runtime::{random_u64, spawn_on, NodeId, SimInstant, SimRuntime};
-use super::store::{StateMachine, Vote};
 use super::SimRaft;
+use crate::state_machine::{NextOffset, PartitionStateMachine};
+use crate::store::Vote;
 
-pub type NodeRaft = openraft::Raft<SimRaft, StateMachine>;
+pub type NodeRaft = openraft::Raft<SimRaft, PartitionStateMachine<SimFs>>;
 
 /// How the network misbehaves in one run.
 #[derive(Debug, Clone, Copy)]
@@ -231,7 +233,7 @@ pub struct Client {
 }
 
 impl RaftNetworkV2<SimRaft> for Client {
-    type SnapshotData = ();
+    type SnapshotData = NextOffset;
 
     async fn append_entries(
         &mut self,
@@ -324,14 +326,37 @@ impl RaftNetworkV2<SimRaft> for Client {
         Ok(answer)
     }
 
+    /// A snapshot carries only the Kafka offset its follower's log goes on at, so it
+    /// travels in one message, as the broker's transport sends it.
     async fn full_snapshot(
         &mut self,
-        _vote: Vote,
-        _snapshot: Snapshot<crate::CommittedLeaderId, u64, BasicNode, ()>,
+        vote: Vote,
+        snapshot: Snapshot<crate::CommittedLeaderId, u64, BasicNode, NextOffset>,
         _cancel: impl Future<Output = ReplicationClosed> + 'static,
-        _option: RPCOption,
+        option: RPCOption,
     ) -> Result<SnapshotResponse<SimRaft>, StreamingError<SimRaft>> {
-        // Nothing is purged in a simulation, so no follower ever needs a snapshot.
-        Err(Unreachable::new(&Lost("the simulation sends no snapshots")).into())
+        if self.net.muted.borrow().contains(&self.from) {
+            return Err(
+                Unreachable::new(&Lost("muted: no majority acknowledged this leader")).into(),
+            );
+        }
+        let request = (vote, snapshot.meta, snapshot.snapshot);
+        let answer = self
+            .net
+            .call(
+                self.from,
+                self.to,
+                option.hard_ttl(),
+                request,
+                |raft, (vote, meta, next)| async move {
+                    let snapshot = Snapshot {
+                        meta,
+                        snapshot: next,
+                    };
+                    raft.install_full_snapshot(vote, snapshot).await.ok()
+                },
+            )
+            .await?;
+        Ok(answer)
     }
 }

@@ -1,26 +1,24 @@
-//! A node's state machine in the simulation, and the batches its clients write.
+//! What the simulation adds to a node's Raft group: the batches its clients write, and the
+//! hook through which the node's state machine reports what it applies to the checker.
 //!
-//! The log store is the broker's own (`crate::store::LogStore` over io/'s `Log`, on the
-//! node's simulated disk, [`super::fs::SimFs`]); the state machine here reports every
-//! applied entry to the checker instead of moving a high watermark.
+//! The log store and the state machine are the broker's own (`crate::store::LogStore` over
+//! io/'s `Log`, and `crate::state_machine::PartitionStateMachine`), on the node's simulated
+//! disk ([`super::fs::SimFs`]).
 
 use std::collections::BTreeMap;
-use std::io;
 use std::rc::Rc;
 
 use ferrolog_io::batch::{make_batch, BatchHeader};
-use futures::{Stream, StreamExt};
-use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine};
-use openraft::{RaftTypeConfig, Snapshot, SnapshotMeta, StoredMembership};
+use openraft::RaftTypeConfig;
 
 use super::runtime::NodeId;
 use super::{Checker, SimRaft};
 use crate::entry::Batch;
+use crate::state_machine::{Applied as Apply, ApplyHook};
 
 pub type Entry = <SimRaft as RaftTypeConfig>::Entry;
 pub type Vote = <SimRaft as RaftTypeConfig>::Vote;
 pub type LogId = openraft::LogId<crate::CommittedLeaderId>;
-type Meta = SnapshotMeta<crate::CommittedLeaderId, u64, openraft::BasicNode>;
 
 /// The batch a client writes for `record`: one to three records (so Kafka offsets and Raft
 /// indexes part ways), the record's identity in the batch timestamp.
@@ -44,94 +42,26 @@ pub fn record_of(e: &Entry) -> Option<super::Record> {
     }
 }
 
-/// A node's state machine: it reports each applied entry to the checker.
-pub struct StateMachine {
-    pub node: NodeId,
-    pub applied: Option<LogId>,
-    pub membership: StoredMembership<crate::CommittedLeaderId, u64, openraft::BasicNode>,
-    pub checker: Rc<Checker>,
-}
-
-pub struct Builder(Meta);
-
-impl RaftSnapshotBuilder<SimRaft> for Builder {
-    type SnapshotData = ();
-    async fn build_snapshot(
-        &mut self,
-    ) -> io::Result<Snapshot<crate::CommittedLeaderId, u64, openraft::BasicNode, ()>> {
-        Ok(Snapshot {
-            meta: self.0.clone(),
-            snapshot: (),
-        })
-    }
-}
-
-impl StateMachine {
-    fn meta(&self) -> Meta {
-        Meta {
-            last_log_id: self.applied,
-            last_membership: self.membership.clone(),
+/// What a node's state machine (the broker's, `PartitionStateMachine`) calls with each entry
+/// it applies: the checker hears of it, and of an applied index that goes back.
+pub fn reporter(node: NodeId, checker: Rc<Checker>) -> ApplyHook {
+    let mut last: Option<LogId> = None;
+    Box::new(move |applied| {
+        // A snapshot installed stands for entries applied elsewhere; the next entry is past it.
+        let Apply::Entry(e) = applied else {
+            let installed = &checker.snapshots_installed;
+            installed.set(installed.get() + 1);
+            return;
+        };
+        if last.is_some_and(|l| l.index >= e.log_id.index) {
+            checker.violation(format!(
+                "node {node} applied index {} after {last:?}: the HW went backwards",
+                e.log_id.index
+            ));
         }
-    }
-}
-
-impl RaftStateMachine<SimRaft> for StateMachine {
-    type SnapshotData = ();
-    type SnapshotBuilder = Builder;
-
-    async fn applied_state(
-        &mut self,
-    ) -> io::Result<(
-        Option<LogId>,
-        StoredMembership<crate::CommittedLeaderId, u64, openraft::BasicNode>,
-    )> {
-        Ok((self.applied, self.membership.clone()))
-    }
-
-    async fn apply<S>(&mut self, mut entries: S) -> io::Result<()>
-    where
-        S: Stream<Item = io::Result<EntryResponder<SimRaft>>> + Unpin,
-    {
-        while let Some(item) = entries.next().await {
-            let (entry, responder) = item?;
-            if self.applied.is_some_and(|a| a.index >= entry.log_id.index) {
-                self.checker.violation(format!(
-                    "node {} applied index {} after {:?}: the HW went backwards",
-                    self.node, entry.log_id.index, self.applied
-                ));
-            }
-            if let openraft::EntryPayload::Membership(m) = &entry.payload {
-                self.membership = StoredMembership::new(Some(entry.log_id), m.clone());
-            }
-            self.applied = Some(entry.log_id);
-            self.checker
-                .applied(self.node, entry.log_id, record_of(&entry));
-            if let Some(r) = responder {
-                r.send(());
-            }
-        }
-        Ok(())
-    }
-
-    async fn get_snapshot_builder(&mut self) -> Builder {
-        Builder(self.meta())
-    }
-
-    async fn try_create_snapshot_builder(&mut self, _force: bool) -> Option<Builder> {
-        Some(Builder(self.meta()))
-    }
-
-    async fn install_snapshot(&mut self, meta: &Meta, _data: ()) -> io::Result<()> {
-        self.applied = meta.last_log_id;
-        self.membership = meta.last_membership.clone();
-        Ok(())
-    }
-
-    async fn get_current_snapshot(
-        &mut self,
-    ) -> io::Result<Option<Snapshot<crate::CommittedLeaderId, u64, openraft::BasicNode, ()>>> {
-        Ok(None)
-    }
+        last = Some(e.log_id);
+        checker.applied(node, e.log_id, record_of(e));
+    })
 }
 
 /// The first entry each index was applied with anywhere, to compare every later one with.

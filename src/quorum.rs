@@ -23,7 +23,6 @@
 use std::collections::BTreeMap;
 use std::rc::{Rc, Weak};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -158,21 +157,6 @@ pub struct Quorum {
     node_id: i32,
 }
 
-fn raft_config() -> Arc<openraft::Config> {
-    let config = openraft::Config {
-        cluster_name: "ferrolog".into(),
-        heartbeat_interval: 150,
-        election_timeout_min: 1000,
-        election_timeout_max: 2000,
-        // Snapshots carry no data (the log is the state), so the log must never be purged.
-        snapshot_policy: openraft::SnapshotPolicy::Never,
-        ..openraft::Config::default()
-    };
-    // Pre-Vote (a node back from a network cut does not depose a live controller) and no
-    // leader restore, as for partitions.
-    ferrolog_raft::group_config(config)
-}
-
 fn members(shard: &Shard) -> BTreeMap<u64, BasicNode> {
     let config = &shard.config;
     if config.voters.is_empty() {
@@ -232,7 +216,7 @@ impl Quorum {
         }
         let raft = Raft::new(
             node_id as u64,
-            raft_config(),
+            ferrolog_raft::controller_config(),
             transport.factory(CONTROLLER_GROUP),
             store,
             PartitionStateMachine::with_apply_hook(hook),

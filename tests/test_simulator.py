@@ -66,6 +66,13 @@ def test_undoing_check_quorum_leaves_a_deaf_leaders_group_unwritable():
     assert re.search(r"unwritable: no write acknowledged .* while a node was deaf", run.stdout), run.stdout[-3000:]
 
 
+def test_the_controller_group_passes_fresh_seeds():
+    # The controller's group: its timing, a store that persists the commit point, no purges.
+    run = simulate(["scripts/simulate.sh", "--controller", "--seeds", "200", "--no-shrink"])
+    assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-3000:]
+    assert re.search(r"200 seeds from \d+, 0 failed", run.stdout), run.stdout[-2000:]
+
+
 def test_undoing_the_purge_ordering_fix_is_found():
     # The Raft store records a purge point only once the batches below it are on disk; undone,
     # seed 20 leaves a node whose log lost batches below its recorded purge point.

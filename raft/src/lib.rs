@@ -96,6 +96,20 @@ pub fn partition_config() -> std::sync::Arc<openraft::Config> {
     })
 }
 
+/// The config of the controller's group (group 0): faster than a partition's, as metadata
+/// changes are few and wait on it. Snapshots carry no data (the log is the state), so its log
+/// is never purged. Pre-Vote and no leader restore, as for partitions (`group_config`).
+pub fn controller_config() -> std::sync::Arc<openraft::Config> {
+    group_config(openraft::Config {
+        cluster_name: "ferrolog".into(),
+        heartbeat_interval: 150,
+        election_timeout_min: 1000,
+        election_timeout_max: 2000,
+        snapshot_policy: openraft::SnapshotPolicy::Never,
+        ..openraft::Config::default()
+    })
+}
+
 /// The id of a leader once its entries are committed: the term alone (one leader per term).
 pub type CommittedLeaderId = openraft::vote::leader_id_std::CommittedLeaderId<u64>;
 

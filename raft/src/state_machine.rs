@@ -77,18 +77,16 @@ impl<F: Fs> Default for PartitionStateMachine<F> {
     }
 }
 
-impl PartitionStateMachine {
+impl<F: Fs> PartitionStateMachine<F> {
     /// A state machine that also hands every committed entry to `hook` (the controller
     /// applies its metadata records this way). Its snapshots live in memory only.
-    pub fn with_apply_hook(hook: ApplyHook) -> PartitionStateMachine {
+    pub fn with_apply_hook(hook: ApplyHook) -> PartitionStateMachine<F> {
         PartitionStateMachine {
             on_apply: Some(hook),
             ..PartitionStateMachine::default()
         }
     }
-}
 
-impl<F: Fs> PartitionStateMachine<F> {
     /// The state machine of a partition whose log `store` is: its latest snapshot comes back
     /// from disk (openraft installs it at start-up), and `hook` hears of every entry applied
     /// and snapshot installed.

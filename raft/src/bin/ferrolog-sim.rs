@@ -52,6 +52,10 @@ struct Args {
     /// every segment down to their end in memory only. May be given more than once.
     #[arg(long)]
     unfix: Vec<String>,
+    /// Run the controller's Raft group (its timing, a store that persists the commit point,
+    /// no retention) instead of a partition's.
+    #[arg(long, conflicts_with = "log")]
+    controller: bool,
     /// With `--seed`: run only these events of its schedule (comma-separated indexes).
     #[arg(long, requires = "seed")]
     keep: Option<String>,
@@ -124,6 +128,7 @@ fn main() -> ExitCode {
         leader_restore,
         no_check_quorum,
         purge_unsynced,
+        controller: args.controller,
         keep: keep.clone(),
         deaf: args.deaf,
         ..Options::new(seed)

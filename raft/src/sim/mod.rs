@@ -256,6 +256,10 @@ pub struct Options {
     /// Lets a purge record its purge point before the batches below it are on disk (the
     /// store's fix undone, `crate::store::unfix`), to show the simulator finds it.
     pub purge_unsynced: bool,
+    /// Runs the controller's group instead of a partition's: its config
+    /// ([`crate::controller_config`]), a store that persists the commit point, a state
+    /// machine that keeps no snapshot on disk, and no retention (its log is never purged).
+    pub controller: bool,
     /// Only these events of the seed's schedule (by index), for shrinking.
     pub keep: Option<BTreeSet<usize>>,
     /// A schedule of long deaf-leader faults only (defect h of issue 17), each checked for
@@ -271,6 +275,7 @@ impl Options {
             leader_restore: false,
             no_check_quorum: false,
             purge_unsynced: false,
+            controller: false,
             keep: None,
             deaf: false,
         }
@@ -513,6 +518,8 @@ struct World {
     config: Rc<openraft::Config>,
     /// Whether leaders run check quorum (`Options::no_check_quorum`).
     check_quorum: bool,
+    /// Whether the group is the controller's (`Options::controller`).
+    controller: bool,
     checker: Rc<Checker>,
 }
 
@@ -531,12 +538,14 @@ impl World {
         let config = Rc::clone(&self.config);
         let check_quorum = self.check_quorum;
         let stores = self.stores.clone();
+        let controller = self.controller;
         // Spawned on the node, so that every task openraft starts belongs to it.
         spawn_on(node, async move {
             let clock = Rc::new(|| SimInstant::now().since_start().as_millis() as i64);
             let dir = std::path::Path::new(DIR);
             let disk_failed = disk.clone();
             let store = match LogStore::open_on(disk, dir, log_config(), clock).await {
+                Ok(store) if controller => store.persist_committed(),
                 Ok(store) => store,
                 // A disk that failed meanwhile fails the open; the node stays down until the
                 // disk is mended.
@@ -550,14 +559,18 @@ impl World {
                 .borrow_mut()
                 .insert(node, (store.reader(), store.view()));
             let view = store.view();
-            let sm =
-                match PartitionStateMachine::open(view.clone(), reporter(node, checker.clone())) {
-                    Ok(sm) => sm,
-                    Err(e) => {
-                        checker.violation(format!("unopenable: node {node}'s snapshot: {e}"));
-                        return;
-                    }
-                };
+            let hook = reporter(node, checker.clone());
+            let sm = match controller {
+                true => Ok(PartitionStateMachine::with_apply_hook(hook)),
+                false => PartitionStateMachine::open(view.clone(), hook),
+            };
+            let sm = match sm {
+                Ok(sm) => sm,
+                Err(e) => {
+                    checker.violation(format!("unopenable: node {node}'s snapshot: {e}"));
+                    return;
+                }
+            };
             let factory = Factory {
                 node,
                 net: net.clone(),
@@ -566,7 +579,9 @@ impl World {
             match Raft::new(node, config, factory, store, sm).await {
                 Ok(raft) => {
                     net.set_raft(node, Some(raft.clone()));
-                    spawn_on(node, retention(raft.clone(), view, checker.clone()));
+                    if !controller {
+                        spawn_on(node, retention(raft.clone(), view, checker.clone()));
+                    }
                     if check_quorum {
                         tend(node, raft, net).await;
                     }
@@ -833,9 +848,13 @@ fn run_world(options: &Options) -> Outcome {
         .filter(|(i, _)| options.keep.as_ref().is_none_or(|k| k.contains(i)))
         .map(|(_, e)| *e)
         .collect();
+    let group = match options.controller {
+        true => crate::controller_config(),
+        false => crate::partition_config(),
+    };
     let config = openraft::Config {
         enable_leader_restore: Some(options.leader_restore),
-        ..(*crate::partition_config()).clone()
+        ..(*group).clone()
     };
     let checker = Rc::new(Checker::default());
     let mut world = World {
@@ -858,6 +877,7 @@ fn run_world(options: &Options) -> Outcome {
         stopped_by_disk: 0,
         config: Rc::new(config),
         check_quorum: !options.no_check_quorum,
+        controller: options.controller,
         checker: checker.clone(),
     };
     for n in NODES {
@@ -1117,6 +1137,9 @@ pub fn command(options: &Options) -> String {
     }
     if options.purge_unsynced {
         cmd.push_str(" --unfix purge");
+    }
+    if options.controller {
+        cmd.push_str(" --controller");
     }
     if options.deaf {
         cmd.push_str(" --deaf");

@@ -174,6 +174,7 @@ impl<F: Fs> Log<F> {
         if !unfix::undone(unfix::ORPHAN_INDEXES) {
             remove_orphan_indexes(&fs, dir, &names, &bases)?;
         }
+        remove_temp_files(&fs, dir, &names)?;
         let mut segments = Vec::with_capacity(bases.len().max(1));
         for (i, &base) in bases.iter().enumerate() {
             let last = i + 1 == bases.len();
@@ -1518,6 +1519,24 @@ fn remove_orphan_indexes<F: Fs>(
     remove_files(fs, &orphans)
 }
 
+/// Deletes what a crash inside `Fs::write_file` left behind: its temp files
+/// (`<name>.<n>.tmp`), never renamed over `<name>`. Nothing writes in the directory while
+/// the log opens, so none of them is a write in progress.
+fn remove_temp_files<F: Fs>(fs: &F, dir: &Path, names: &[String]) -> Result<(), LogError> {
+    let temps: Vec<PathBuf> = names
+        .iter()
+        .filter(|name| {
+            let seq = name.strip_suffix(".tmp").and_then(|s| s.rsplit_once('.'));
+            seq.is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .map(|name| dir.join(name))
+        .collect();
+    for path in &temps {
+        tracing::info!(path = %path.display(), "deleting a temp file a crash left behind");
+    }
+    remove_files(fs, &temps)
+}
+
 /// Byte position of the batch starting at `offset`, walking headers from `from`. The offset
 /// must be a batch boundary: anything else is a caller bug.
 async fn batch_position<R: FsReader>(
@@ -1965,6 +1984,27 @@ mod tests {
                 "the segments' own index files stay"
             );
             assert_eq!(read_all(&log, 0).await.len(), 100);
+        });
+    }
+
+    #[test]
+    fn open_deletes_temp_files_a_crash_left() {
+        let dir = tmpdir("temps");
+        run(move || async move {
+            let log = Log::open(&dir, small(), 0).await.unwrap();
+            append_n(&log, 10, 0).await;
+            log.advance_start(3).await.unwrap();
+            log.close().await.unwrap();
+            drop(log);
+            // A crash between writing a temp file and renaming it over the real one.
+            let temp = dir.join(format!("{LOG_START_FILE}.7.tmp"));
+            std::fs::write(&temp, b"partial").unwrap();
+            let other = dir.join("notes.tmp");
+            std::fs::write(&other, b"not ours").unwrap();
+            let log = Log::open(&dir, small(), 0).await.unwrap();
+            assert!(!temp.exists(), "the temp file is deleted");
+            assert!(other.exists(), "a name write_file never makes stays");
+            assert_eq!(log.start_offset(), 3, "the real file is untouched");
         });
     }
 

@@ -73,13 +73,24 @@ def test_the_controller_group_passes_fresh_seeds():
     assert re.search(r"200 seeds from \d+, 0 failed", run.stdout), run.stdout[-2000:]
 
 
-def test_undoing_the_purge_ordering_fix_is_found():
-    # The Raft store records a purge point only once the batches below it are on disk; undone,
-    # seed 20 leaves a node whose log lost batches below its recorded purge point.
-    run = simulate(["scripts/simulate.sh", "--seed", "20", "--unfix", "purge", "--no-shrink"])
+# Each fix of the Raft store undone, a seed that finds it, and what the checker reports.
+UNFIXED_STORE = {
+    # A purge point recorded before the batches below it are on disk: a node whose log lost
+    # batches below its recorded purge point stops.
+    "purge": "13",
+    # A truncation of every entry, the first of whose batch holds the log start (moved inside
+    # it, as DeleteRecords does), cut below the start: the node's Raft core stops.
+    "straddle": "549",
+}
+
+
+@pytest.mark.parametrize("fix", sorted(UNFIXED_STORE))
+def test_undoing_a_fix_of_the_raft_store_is_found(fix):
+    seed = UNFIXED_STORE[fix]
+    run = simulate(["scripts/simulate.sh", "--seed", seed, "--unfix", fix, "--no-shrink"])
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
     assert re.search(r"unrecovered: .* node \d stopped: .*out of range", run.stdout), run.stdout[-3000:]
-    fixed = simulate(["scripts/simulate.sh", "--seed", "20"])
+    fixed = simulate(["scripts/simulate.sh", "--seed", seed])
     assert fixed.returncode == 0, fixed.stdout[-3000:]
 
 

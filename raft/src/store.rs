@@ -65,8 +65,9 @@ impl<C> PartitionTypes for C where
 {
 }
 
-/// Simulation only: a fix of the store that ferrolog-sim can undo on its own thread
-/// (`--unfix purge`), to show that its checker finds the defect it fixes. Nothing else sets it.
+/// Simulation only: fixes of the store that ferrolog-sim can undo on its own thread
+/// (`--unfix purge`, `--unfix straddle`), to show that its checker finds the defects they
+/// fix. Nothing else sets them.
 #[doc(hidden)]
 pub mod unfix {
     use std::cell::Cell;
@@ -83,6 +84,21 @@ pub mod unfix {
 
     pub(crate) fn purge_unsynced() -> bool {
         PURGE_UNSYNCED.with(|u| u.get())
+    }
+
+    thread_local! {
+        static STRADDLE_TRUNCATE: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// Undoes (or restores) the fix on this thread: a truncation of every entry, the first
+    /// of whose batch holds the log start, cuts the log there (and fails: the cut is below
+    /// the start) instead of restarting it empty where that batch began.
+    pub fn set_straddle_truncate(undone: bool) {
+        STRADDLE_TRUNCATE.with(|u| u.set(undone));
+    }
+
+    pub(crate) fn straddle_truncate() -> bool {
+        STRADDLE_TRUNCATE.with(|u| u.get())
     }
 }
 
@@ -487,6 +503,11 @@ async fn read_entries<F: Fs, RB: RangeBounds<u64>>(
             if next >= st.next_index() {
                 break; // truncated meanwhile
             }
+            if next < st.meta.first_index {
+                // Purged meanwhile (openraft purges nothing its own readers are reading;
+                // another reader may meet this): what was read is what the log still had.
+                break;
+            }
             let first_unflushed = st.unflushed.front().map_or(u64::MAX, |(i, _, _)| *i);
             if next >= first_unflushed {
                 let (_, _, e) = &st.unflushed[(next - first_unflushed) as usize];
@@ -500,11 +521,16 @@ async fn read_entries<F: Fs, RB: RangeBounds<u64>>(
             next += 1;
             continue;
         }
-        let bytes = log
-            .read_whole_batches(offset, READ_CHUNK_BYTES)
-            .await
-            .map_err(io_err)?;
+        let bytes = match log.read_whole_batches(offset, READ_CHUNK_BYTES).await {
+            Ok(bytes) => bytes,
+            // A purge moved the log start past the read meanwhile.
+            Err(_) if next < inner.borrow().meta.first_index => break,
+            Err(e) => return Err(io_err(e)),
+        };
         if bytes.is_empty() {
+            if next < inner.borrow().meta.first_index {
+                break;
+            }
             return Err(corrupt(format!(
                 "entry {next} at offset {offset} is not in the log"
             )));
@@ -513,13 +539,13 @@ async fn read_entries<F: Fs, RB: RangeBounds<u64>>(
         while !rest.is_empty() && next < end {
             let header = BatchHeader::parse(&rest).map_err(|e| corrupt(e.to_string()))?;
             let total = header.total_bytes();
-            let expected = inner
-                .borrow()
-                .positions
-                .get((next - inner.borrow().meta.first_index) as usize)
-                .map(|p| p.0);
+            let expected = {
+                let st = inner.borrow();
+                let i = next.checked_sub(st.meta.first_index);
+                i.and_then(|i| st.positions.get(i as usize)).map(|p| p.0)
+            };
             if expected != Some(header.base_offset) {
-                break; // the log changed under the read; go round again
+                break; // the log changed under the read (cut or purged); go round again
             }
             let e = entry::decode(next, rest.slice(..total)).map_err(|e| corrupt(e.to_string()))?;
             out.push(e);
@@ -627,10 +653,22 @@ impl<C: PartitionTypes, F: Fs> RaftLogStorage<C> for LogStore<F> {
                 None => return Ok(()),
             }
         };
-        self.log
-            .truncate(offset, (self.clock)())
-            .await
-            .map_err(io_err)?;
+        if keep == 0 && offset < self.log.start_offset() && !unfix::straddle_truncate() {
+            // The first entry's batch holds the log start (DeleteRecords moved it inside the
+            // batch), and it goes: the log starts again empty where that batch began, the
+            // offset the leader's entry there has (Kafka's truncate-fully-and-start-at). Only
+            // a snapshot install after a restart truncates an applied entry (openraft no
+            // longer knows it committed): its purge then restarts the log at the snapshot.
+            self.log
+                .restart_at(offset, (self.clock)())
+                .await
+                .map_err(io_err)?;
+        } else {
+            self.log
+                .truncate(offset, (self.clock)())
+                .await
+                .map_err(io_err)?;
+        }
         let mut inner = self.inner.borrow_mut();
         inner.positions.truncate(keep);
         let next = inner.next_index();
@@ -1062,5 +1100,121 @@ mod tests {
         let mut flipped = bytes.clone();
         flipped[3] ^= 1;
         assert!(decode_meta(&flipped).is_err());
+    }
+
+    /// A read that a purge overtakes returns the entries the log still had when it began
+    /// (openraft never purges under its own readers; another reader, such as the simulator's
+    /// final check, may meet it). It used to compute an index below the purge point, which
+    /// overflows and aborts the process.
+    #[test]
+    fn a_read_overtaken_by_a_purge_returns_what_it_read() {
+        use crate::sim::fs::SimFs;
+        use crate::sim::runtime::{spawn_here, spawn_on, Sim, SimRuntime};
+        use crate::sim::SimRaft;
+        use openraft::EntryPayload;
+        use std::time::Duration;
+
+        let sim = Sim::new(1);
+        let read = Rc::new(RefCell::new(None));
+        let out = read.clone();
+        spawn_on(1, async move {
+            // No tail cache: reads go to the disk, and wait on it.
+            let config = LogConfig {
+                segment_bytes: 2000,
+                cache_bytes_max: 0,
+                ..LogConfig::default()
+            };
+            let clock: Clock = Rc::new(|| 1_700_000_000_000);
+            let dir = Path::new("/p");
+            let mut store = LogStore::open_on(SimFs::new(), dir, config, clock)
+                .await
+                .unwrap();
+            let entries: Vec<Entry> = (1..=60)
+                .map(|i| Entry {
+                    log_id: id(1, i),
+                    payload: EntryPayload::Normal(entry::test_batch(3)),
+                })
+                .collect();
+            let flushed = IOFlushed::<SimRaft>::noop();
+            RaftLogStorage::<SimRaft>::append(&mut store, entries, flushed)
+                .await
+                .unwrap();
+            let end = store.log().end_offset();
+            store.log().wait_durable(end).await.unwrap();
+            let mut reader = store.reader();
+            spawn_here(async move {
+                let got = RaftLogReader::<SimRaft>::try_get_log_entries(&mut reader, 1..=60).await;
+                *out.borrow_mut() =
+                    Some(got.map(|e| e.iter().map(|e| e.log_id.index).collect::<Vec<_>>()));
+            });
+            // The reader is inside its disk read now.
+            SimRuntime::sleep(Duration::from_micros(1)).await;
+            RaftLogStorage::<SimRaft>::purge(&mut store, id(1, 40))
+                .await
+                .unwrap();
+        });
+        sim.run_until(sim.now() + Duration::from_secs(5));
+        let got = read.borrow_mut().take().expect("the read ended");
+        let indexes = got.expect("the read succeeds");
+        let expected: Vec<u64> = (1..=indexes.len() as u64).collect();
+        assert_eq!(
+            indexes, expected,
+            "a prefix of what was asked, without gaps"
+        );
+    }
+
+    /// A truncation of every entry when the first one's batch holds the log start (moved
+    /// inside it, as DeleteRecords does): openraft does this when a restarted node installs a
+    /// snapshot that conflicts with its log. The log starts again, empty, where that batch
+    /// began; it used to try to cut below the log start, and the node's Raft core stopped.
+    /// (Found by ferrolog-sim, seed 549.)
+    #[test]
+    fn truncating_a_batch_that_holds_the_log_start_restarts_the_log() {
+        use crate::sim::fs::SimFs;
+        use crate::sim::runtime::{spawn_on, Sim};
+        use crate::sim::SimRaft;
+        use openraft::EntryPayload;
+        use std::time::Duration;
+
+        let sim = Sim::new(1);
+        let done = Rc::new(RefCell::new(None));
+        let out = done.clone();
+        spawn_on(1, async move {
+            let clock: Clock = Rc::new(|| 1_700_000_000_000);
+            let dir = Path::new("/p");
+            let mut store = LogStore::open_on(SimFs::new(), dir, LogConfig::default(), clock)
+                .await
+                .unwrap();
+            let entries: Vec<Entry> = (1..=6)
+                .map(|i| Entry {
+                    log_id: id(1, i),
+                    payload: EntryPayload::Normal(entry::test_batch(3)),
+                })
+                .collect();
+            let flushed = IOFlushed::<SimRaft>::noop();
+            RaftLogStorage::<SimRaft>::append(&mut store, entries, flushed)
+                .await
+                .unwrap();
+            let end = store.log().end_offset();
+            store.log().wait_durable(end).await.unwrap();
+            // Entry 3's batch holds offsets 6..9; the log start moves to 7, inside it.
+            RaftLogStorage::<SimRaft>::purge(&mut store, id(1, 2))
+                .await
+                .unwrap();
+            store.log().advance_start(7).await.unwrap();
+            let truncated = RaftLogStorage::<SimRaft>::truncate_after(&mut store, Some(id(1, 2)));
+            let result = truncated.await.map(|()| {
+                let log = store.log();
+                (log.start_offset(), log.end_offset())
+            });
+            *out.borrow_mut() = Some(result.map_err(|e| e.to_string()));
+        });
+        sim.run_until(sim.now() + Duration::from_secs(5));
+        let result = done.borrow_mut().take().expect("the truncation ended");
+        assert_eq!(
+            result,
+            Ok((6, 6)),
+            "the log starts again, empty, at entry 3's offset"
+        );
     }
 }

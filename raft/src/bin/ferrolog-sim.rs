@@ -39,7 +39,9 @@ struct Args {
     /// Undo a fix, to see the simulator find its defect: `a` lets a restarted leader take
     /// its term back; `h` leaves out check quorum, so a deaf leader keeps its followers
     /// from electing another (run it with `--deaf`); `purge` lets a purge record its
-    /// purge point before the batches below it are on disk; with `--log`, `g-open` calls a
+    /// purge point before the batches below it are on disk; `straddle` lets a truncation
+    /// of a log whose start lies inside its first entry's batch cut below the start; with
+    /// `--log`, `g-open` calls a
     /// recovered tail durable without an fsync, `g-truncate` cuts a segment without
     /// syncing the deletions before it, `g-index` leaves stale index files of a cut
     /// segment to be trusted, `g-finish` lets the retention timer finish rolled segments
@@ -89,18 +91,19 @@ fn main() -> ExitCode {
             eprintln!("ferrolog-sim: the run panicked; replay it with: {cmd}");
         }
     }));
-    let (mut leader_restore, mut no_check_quorum, mut purge_unsynced, mut undo) =
-        (false, false, false, 0u16);
+    let (mut leader_restore, mut no_check_quorum, mut undo) = (false, false, 0u16);
+    let (mut purge_unsynced, mut straddle_truncate) = (false, false);
     for fix in &args.unfix {
         let log_fix = UNFIXES.iter().find(|(name, _)| name == fix).map(|f| f.1);
         match (fix.as_str(), args.log, log_fix) {
             ("a", false, _) => leader_restore = true,
             ("h", false, _) => no_check_quorum = true,
             ("purge", false, _) => purge_unsynced = true,
+            ("straddle", false, _) => straddle_truncate = true,
             (_, true, Some(flag)) => undo |= flag,
             (other, _, _) => {
                 eprintln!(
-                    "ferrolog-sim: unknown --unfix {other:?} (known: a, h, purge; with --log: g-open, g-truncate, g-index, g-finish, g-start, g-read, g-failed)"
+                    "ferrolog-sim: unknown --unfix {other:?} (known: a, h, purge, straddle; with --log: g-open, g-truncate, g-index, g-finish, g-start, g-read, g-failed)"
                 );
                 return ExitCode::from(2);
             }
@@ -128,6 +131,7 @@ fn main() -> ExitCode {
         leader_restore,
         no_check_quorum,
         purge_unsynced,
+        straddle_truncate,
         controller: args.controller,
         keep: keep.clone(),
         deaf: args.deaf,
@@ -223,7 +227,7 @@ fn check(o: &Options, no_shrink: bool) -> bool {
     let outcome = run(o);
     if outcome.violations.is_empty() {
         println!(
-            "seed {}: ok, {} acks, {} faults, fingerprint {:016x}, {:.1}s; failed disks stopped {} Raft cores; {} purges, {} snapshots installed",
+            "seed {}: ok, {} acks, {} faults, fingerprint {:016x}, {:.1}s; failed disks stopped {} Raft cores; {} purges, {} log starts inside a batch, {} snapshots installed",
             o.seed,
             outcome.acked,
             outcome.faults,
@@ -231,6 +235,7 @@ fn check(o: &Options, no_shrink: bool) -> bool {
             started.elapsed().as_secs_f64(),
             outcome.stopped_by_disk,
             outcome.purges,
+            outcome.starts_inside,
             outcome.snapshots_installed
         );
         return true;

@@ -355,7 +355,8 @@ impl Fs for SimFs {
     }
 
     async fn write_file(&self, path: &Path, contents: Vec<u8>) -> io::Result<()> {
-        latency(3000).await;
+        let max = self.0.borrow().sync_max_micros;
+        latency(max).await;
         if self.sync_fails() {
             self.note(|| format!("write_file {} failed", path.display()));
             return Err(eio("small file write"));

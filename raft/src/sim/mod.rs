@@ -140,7 +140,10 @@ pub struct Checker {
     /// A running hash of everything applied, in order: equal runs have equal fingerprints.
     fingerprint: Cell<u64>,
     purges: Cell<u64>,
-    snapshots_installed: Cell<u64>,
+    /// Log starts moved inside a batch (as DeleteRecords may).
+    starts_inside: Cell<u64>,
+    /// Set once the clients stop: retention stops too.
+    retention_stopped: Cell<bool>,
 }
 
 impl Checker {
@@ -150,8 +153,9 @@ impl Checker {
             .set(h.wrapping_mul(0x0100_0000_01b3).rotate_left(17));
     }
 
-    /// `node` applied `record` (none for Raft's own entries) at `log_id`.
-    pub fn applied(&self, node: NodeId, log_id: LogId, record: Option<Record>) {
+    /// `node` applied `record` (none for Raft's own entries) at `log_id`, its batch at Kafka
+    /// offset `offset` of the node's log.
+    pub fn applied(&self, node: NodeId, log_id: LogId, record: Option<Record>, offset: i64) {
         let index = log_id.index;
         let r = record.map_or(u64::MAX, |r| u64::from(r.client) << 32 | u64::from(r.seq));
         self.mix(node << 56 ^ index ^ log_id.leader_id.term << 40);
@@ -160,11 +164,18 @@ impl Checker {
             .applied
             .borrow_mut()
             .entry(index)
-            .or_insert((log_id, record, node));
+            .or_insert((log_id, record, offset, node));
         if (first.0, first.1) != (log_id, record) {
             self.violation(format!(
                 "replicas differ at index {index}: node {} applied {} {:?}, node {node} applied {} {:?}",
-                first.2, first.0, first.1, log_id, record
+                first.3, first.0, first.1, log_id, record
+            ));
+            return;
+        }
+        if first.2 != offset {
+            self.violation(format!(
+                "replicas differ at index {index}: node {} holds it at offset {}, node {node} at {offset}",
+                first.3, first.2
             ));
             return;
         }
@@ -256,6 +267,9 @@ pub struct Options {
     /// Lets a purge record its purge point before the batches below it are on disk (the
     /// store's fix undone, `crate::store::unfix`), to show the simulator finds it.
     pub purge_unsynced: bool,
+    /// Lets a truncation of every entry, the first of whose batch holds the log start, cut
+    /// below the start (the store's fix undone), to show the simulator finds it.
+    pub straddle_truncate: bool,
     /// Runs the controller's group instead of a partition's: its config
     /// ([`crate::controller_config`]), a store that persists the commit point, a state
     /// machine that keeps no snapshot on disk, and no retention (its log is never purged).
@@ -275,6 +289,7 @@ impl Options {
             leader_restore: false,
             no_check_quorum: false,
             purge_unsynced: false,
+            straddle_truncate: false,
             controller: false,
             keep: None,
             deaf: false,
@@ -291,9 +306,11 @@ pub struct Outcome {
     pub faults: usize,
     /// Disk faults whose node's Raft core had stopped by the time it was mended.
     pub stopped_by_disk: usize,
-    /// Purges of a node's log by its retention, and snapshots a node installed from its
-    /// leader (its log restarted at the snapshot's offset).
+    /// Purges of a node's log by its retention, log starts it moved inside a batch, and
+    /// snapshots a node installed from its leader (its log restarted at the snapshot's
+    /// offset).
     pub purges: u64,
+    pub starts_inside: u64,
     pub snapshots_installed: u64,
     pub fingerprint: u64,
 }
@@ -558,8 +575,8 @@ impl World {
             stores
                 .borrow_mut()
                 .insert(node, (store.reader(), store.view()));
-            let view = store.view();
-            let hook = reporter(node, checker.clone());
+            let (view, log) = (store.view(), store.log().clone());
+            let hook = reporter(node, checker.clone(), view.clone());
             let sm = match controller {
                 true => Ok(PartitionStateMachine::with_apply_hook(hook)),
                 false => PartitionStateMachine::open(view.clone(), hook),
@@ -580,12 +597,15 @@ impl World {
                 Ok(raft) => {
                     net.set_raft(node, Some(raft.clone()));
                     if !controller {
-                        spawn_on(node, retention(raft.clone(), view, checker.clone()));
+                        let retention = retention(raft.clone(), view, log, checker.clone());
+                        spawn_on(node, retention);
                     }
                     if check_quorum {
                         tend(node, raft, net).await;
                     }
                 }
+                // Starting writes too (a snapshot restored from disk is kept again).
+                Err(_) if disk_failed.failed() => {}
                 Err(e) => {
                     checker.violation(format!("unopenable: node {node} failed to start: {e}"))
                 }
@@ -744,17 +764,26 @@ async fn tend(node: NodeId, raft: NodeRaft, net: Rc<Net>) {
     }
 }
 
-/// How many applied entries a node's retention leaves in its log, at least.
-const RETAINED_ENTRIES: u64 = 20;
-
 /// A node's retention, as the broker's (`Replica::apply_retention`) drives it: now and then
-/// a snapshot through an applied entry, then a purge of the log up to it. Each node purges
-/// on its own, as each broker applies its own limits; a follower that needs purged entries
-/// installs its leader's snapshot, and its log starts again where the snapshot says.
-async fn retention(raft: NodeRaft, view: StoreView<SimFs>, checker: Rc<Checker>) {
+/// a new log start at or below the HW, then a snapshot through the last entry wholly below
+/// it and a purge of the log up to that entry. Each node purges on its own, as each broker
+/// applies its own limits; a follower that needs purged entries installs its leader's
+/// snapshot, and its log starts again where the snapshot says. A third of the starts fall
+/// inside a batch, as DeleteRecords may put them: that batch stays an entry, and the log
+/// start moves into it once the entries below are purged. Stops once the clients stop, so
+/// the final check sees each log's tail since its last purge.
+async fn retention(
+    raft: NodeRaft,
+    view: StoreView<SimFs>,
+    log: Rc<ferrolog_io::Log<SimFs>>,
+    checker: Rc<Checker>,
+) {
     let mut first = view.first_index();
     loop {
         SimRuntime::sleep(Duration::from_millis(1000 + runtime::random_u64() % 3000)).await;
+        if checker.retention_stopped.get() {
+            return;
+        }
         if view.first_index() > first {
             first = view.first_index();
             checker.purges.set(checker.purges.get() + 1);
@@ -763,30 +792,70 @@ async fn retention(raft: NodeRaft, view: StoreView<SimFs>, checker: Rc<Checker>)
         let Some(applied) = applied.map(|a| a.index) else {
             continue;
         };
-        let keep = RETAINED_ENTRIES + runtime::random_u64() % 40;
-        let Some(upto) = applied
-            .checked_sub(keep)
-            .filter(|&u| u >= view.first_index())
-        else {
+        // A quarter of the purges take everything applied, as retention of a whole log or
+        // DeleteRecords up to the HW does.
+        let keep = match runtime::random_u64() % 4 {
+            0 => 0,
+            _ => 20 + runtime::random_u64() % 40,
+        };
+        let Some(last) = applied.checked_sub(keep) else {
             continue;
         };
-        let covered =
-            |m: &openraft::RaftMetrics<SimRaft>| m.snapshot.is_some_and(|s| s.index >= upto);
-        if !covered(&raft.metrics().borrow_watched()) {
-            view.snapshot_through(upto);
-            if raft.trigger().snapshot().await.is_err() {
-                continue;
+        let (Some(base), Some(end)) = (view.base_offset(last), view.end_offset(last)) else {
+            continue;
+        };
+        let start = match runtime::random_u64() % 3 {
+            0 if end - base > 1 => {
+                base + 1 + (runtime::random_u64() % (end - base - 1) as u64) as i64
             }
-            let waited = raft.wait(Some(Duration::from_secs(5)));
-            if waited
-                .metrics(covered, "a snapshot for retention")
-                .await
-                .is_err()
-            {
+            _ => end,
+        };
+        if start <= log.start_offset() {
+            continue;
+        }
+        let upto = view.last_index_below(start);
+        if let Some(upto) = upto.filter(|&u| u >= view.first_index()) {
+            let covered =
+                |m: &openraft::RaftMetrics<SimRaft>| m.snapshot.is_some_and(|s| s.index >= upto);
+            if !covered(&raft.metrics().borrow_watched()) {
+                view.snapshot_through(upto);
+                if raft.trigger().snapshot().await.is_err() {
+                    continue;
+                }
+                let waited = raft.wait(Some(Duration::from_secs(5)));
+                if waited
+                    .metrics(covered, "a snapshot for retention")
+                    .await
+                    .is_err()
+                {
+                    continue;
+                }
+            }
+            if raft.trigger().purge_log(upto).await.is_err() {
                 continue;
             }
         }
-        let _ = raft.trigger().purge_log(upto).await;
+        let purged = |m: &openraft::RaftMetrics<SimRaft>| {
+            upto.is_none_or(|u| m.purged.is_some_and(|p| p.index >= u))
+        };
+        let waited = raft.wait(Some(Duration::from_secs(5)));
+        if waited
+            .metrics(purged, "the purge below a log start")
+            .await
+            .is_err()
+        {
+            continue;
+        }
+        // Inside a batch the log start moves on once the entries below are gone, as the
+        // broker's `apply_retention` does.
+        let inside = upto.is_none_or(|u| view.end_offset(u) != Some(start));
+        if inside
+            && start > log.start_offset()
+            && log.wait_durable(start).await.is_ok()
+            && log.advance_start(start).await.is_ok()
+        {
+            checker.starts_inside.set(checker.starts_inside.get() + 1);
+        }
     }
 }
 
@@ -834,8 +903,10 @@ async fn client(
 /// Runs one simulation.
 pub fn run(options: &Options) -> Outcome {
     crate::store::unfix::set_purge_unsynced(options.purge_unsynced);
+    crate::store::unfix::set_straddle_truncate(options.straddle_truncate);
     let outcome = run_world(options);
     crate::store::unfix::set_purge_unsynced(false);
+    crate::store::unfix::set_straddle_truncate(false);
     outcome
 }
 
@@ -941,19 +1012,26 @@ fn run_world(options: &Options) -> Outcome {
         ));
     }
     stop.set(true);
+    checker.retention_stopped.set(true);
     world.sim.run_until(world.sim.now() + SETTLE);
     converged(&world, "after healing");
     // Then a power loss: every node loses what it had not synced, and all restart. Whatever
-    // was acknowledged was durable on a majority, so it must survive.
+    // was acknowledged was durable on a majority, so it must survive: the logs are read as
+    // the nodes reopened them, before any could be elected and replicate (restarted nodes
+    // refuse votes for 3 s, see `crate::vote_guard`).
     for n in NODES {
         world.crash(n, 0.0);
     }
     for n in NODES {
         world.start(n);
     }
+    world
+        .sim
+        .run_until(world.sim.now() + Duration::from_secs(1));
+    acked_survived(&mut world, false);
     world.sim.run_until(world.sim.now() + SETTLE);
     converged(&world, "after a power loss");
-    acked_survived(&mut world);
+    acked_survived(&mut world, true);
     writable_while_deaf(&world.checker, start, &events);
 
     let outcome = Outcome {
@@ -962,16 +1040,19 @@ fn run_world(options: &Options) -> Outcome {
         faults: events.len(),
         stopped_by_disk: world.stopped_by_disk,
         purges: checker.purges.get(),
-        snapshots_installed: checker.snapshots_installed.get(),
+        starts_inside: checker.starts_inside.get(),
+        snapshots_installed: world.net.snapshots_installed.get(),
         fingerprint: checker.fingerprint.get(),
     };
     drop(world);
     outcome
 }
 
-/// Every acknowledged record is at its acknowledged log id on a majority of the nodes' logs,
-/// and no node holds another entry there (a node merely behind is `converged`'s to report).
-fn acked_survived(world: &mut World) {
+/// Every acknowledged record is at its acknowledged log id on a majority of the nodes' logs;
+/// once the group has converged (`settled`), no node holds another entry there either
+/// (before, a node may still hold an uncommitted entry of an old term there, which the leader
+/// replaces; a node merely behind is `converged`'s to report).
+fn acked_survived(world: &mut World, settled: bool) {
     let logs = read_logs(world);
     let checker = &world.checker;
     for &(record, log_id) in checker.acked.borrow().iter() {
@@ -979,16 +1060,24 @@ fn acked_survived(world: &mut World) {
         for (node, (first, log)) in &logs {
             if log_id.index < *first {
                 // Purged: covered by this node's snapshot, which holds only applied entries,
-                // each the one every node applied there (`Checker::applied`).
-                holders += 1;
+                // each the one every node applied there (`Checker::applied`); openraft
+                // acknowledges a write once its leader applied it.
+                let applied = checker.applied.borrow().get(&log_id.index).copied();
+                match applied {
+                    Some((id, Some(r), _, _)) if (id, r) == (log_id, record) => holders += 1,
+                    other => checker.violation(format!(
+                        "acknowledged {record} at {log_id} lost: purged by node {node}, \
+                         applied as {other:?}"
+                    )),
+                }
                 continue;
             }
             match log.get(&log_id.index) {
                 Some(held) if *held == (log_id, Some(record)) => holders += 1,
-                Some(other) => checker.violation(format!(
+                Some(other) if settled => checker.violation(format!(
                     "acknowledged {record} at {log_id} overwritten: node {node} holds {other:?}"
                 )),
-                None => {}
+                _ => {}
             }
         }
         if holders <= NODES.len() / 2 {
@@ -1023,8 +1112,14 @@ fn read_logs(world: &mut World) -> Logs {
     }
     world
         .sim
-        .run_until(world.sim.now() + Duration::from_secs(1));
-    logs.take()
+        .run_until(world.sim.now() + Duration::from_millis(100));
+    let logs = logs.take();
+    for node in NODES.iter().filter(|n| !logs.contains_key(n)) {
+        world.checker.violation(format!(
+            "unopened: node {node}'s log was not open 1 s after the power loss"
+        ));
+    }
+    logs
 }
 
 /// Every node applied as far as the others.
@@ -1138,6 +1233,9 @@ pub fn command(options: &Options) -> String {
     if options.purge_unsynced {
         cmd.push_str(" --unfix purge");
     }
+    if options.straddle_truncate {
+        cmd.push_str(" --unfix straddle");
+    }
     if options.controller {
         cmd.push_str(" --controller");
     }
@@ -1193,7 +1291,7 @@ mod tests {
     /// on without it.
     #[test]
     fn seeds_pass() {
-        let (mut stopped, mut purges, mut installed) = (0, 0, 0);
+        let (mut stopped, mut purges, mut inside, mut installed) = (0, 0, 0, 0);
         for seed in 1..=4 {
             let o = short(seed);
             let out = run(&o);
@@ -1206,12 +1304,13 @@ mod tests {
             assert!(out.acked > 100, "{}: only {} acks", command(&o), out.acked);
             stopped += out.stopped_by_disk;
             purges += out.purges;
+            inside += out.starts_inside;
             installed += out.snapshots_installed;
         }
         assert!(stopped > 0, "no disk fault of seeds 1..=4 stopped a core");
         assert!(
-            purges > 0 && installed > 0,
-            "{purges} purges, {installed} snapshots"
+            purges > 0 && inside > 0 && installed > 0,
+            "{purges} purges, {inside} starts inside a batch, {installed} snapshots installed"
         );
     }
 

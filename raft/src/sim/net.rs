@@ -47,6 +47,8 @@ pub struct Net {
     /// When each node last took an append from its leader, and when it restarted with a
     /// log, for the vote guard (`crate::vote_guard`), as the broker's transport keeps them.
     heard: RefCell<BTreeMap<NodeId, SimInstant>>,
+    /// Snapshots a follower installed from its leader (answered by it).
+    pub snapshots_installed: std::cell::Cell<u64>,
     restarted: RefCell<BTreeMap<NodeId, SimInstant>>,
     rafts: RefCell<BTreeMap<NodeId, NodeRaft>>,
 }
@@ -66,6 +68,7 @@ impl Net {
             cut: RefCell::default(),
             muted: RefCell::default(),
             heard: RefCell::default(),
+            snapshots_installed: Default::default(),
             restarted: RefCell::default(),
             rafts: RefCell::default(),
         })
@@ -357,6 +360,8 @@ impl RaftNetworkV2<SimRaft> for Client {
                 },
             )
             .await?;
+        let installed = &self.net.snapshots_installed;
+        installed.set(installed.get() + 1);
         Ok(answer)
     }
 }

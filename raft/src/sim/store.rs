@@ -11,10 +11,12 @@ use std::rc::Rc;
 use ferrolog_io::batch::{make_batch, BatchHeader};
 use openraft::RaftTypeConfig;
 
+use super::fs::SimFs;
 use super::runtime::NodeId;
 use super::{Checker, SimRaft};
 use crate::entry::Batch;
 use crate::state_machine::{Applied as Apply, ApplyHook};
+use crate::store::StoreView;
 
 pub type Entry = <SimRaft as RaftTypeConfig>::Entry;
 pub type Vote = <SimRaft as RaftTypeConfig>::Vote;
@@ -42,27 +44,21 @@ pub fn record_of(e: &Entry) -> Option<super::Record> {
     }
 }
 
-/// What a node's state machine (the broker's, `PartitionStateMachine`) calls with each entry
-/// it applies: the checker hears of it, and of an applied index that goes back.
-pub fn reporter(node: NodeId, checker: Rc<Checker>) -> ApplyHook {
-    let mut last: Option<LogId> = None;
+/// What a node's state machine (the broker's, `PartitionStateMachine`, which also asserts
+/// that entries apply in order) calls with each entry it applies: the checker hears of it,
+/// with the Kafka offset its batch has in the node's log.
+pub fn reporter(node: NodeId, checker: Rc<Checker>, view: StoreView<SimFs>) -> ApplyHook {
     Box::new(move |applied| {
-        // A snapshot installed stands for entries applied elsewhere; the next entry is past it.
-        let Apply::Entry(e) = applied else {
-            let installed = &checker.snapshots_installed;
-            installed.set(installed.get() + 1);
+        // A snapshot installed stands for entries applied elsewhere.
+        let Apply::Entry(e) = applied else { return };
+        let index = e.log_id.index;
+        let Some(offset) = view.base_offset(index) else {
+            checker.violation(format!("node {node} applied entry {index}, not in its log"));
             return;
         };
-        if last.is_some_and(|l| l.index >= e.log_id.index) {
-            checker.violation(format!(
-                "node {node} applied index {} after {last:?}: the HW went backwards",
-                e.log_id.index
-            ));
-        }
-        last = Some(e.log_id);
-        checker.applied(node, e.log_id, record_of(e));
+        checker.applied(node, e.log_id, record_of(e), offset);
     })
 }
 
 /// The first entry each index was applied with anywhere, to compare every later one with.
-pub type Applied = BTreeMap<u64, (LogId, Option<super::Record>, NodeId)>;
+pub type Applied = BTreeMap<u64, (LogId, Option<super::Record>, i64, NodeId)>;

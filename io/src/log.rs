@@ -1044,6 +1044,57 @@ impl<F: Fs> Log<F> {
         cut
     }
 
+    /// `truncate` at the base of the batch that holds the log start (DeleteRecords moved the
+    /// start inside it), or of an earlier batch of the first segment: the start comes down to
+    /// `offset` first, durably, then the log is cut there, under one hold of the segment-file
+    /// lock. A crash part-way leaves the batches from `offset` on under the old or the new
+    /// start, or the cut log: never a start past the log end, which the next open would take
+    /// for an empty log at that start. Raft uses it when it truncates every entry of a log
+    /// whose start lies inside the first entry's batch. Kafka's log start moves back the same
+    /// way when a follower truncates below it (truncate-fully-and-start-at).
+    pub async fn truncate_from_below_start(
+        &self,
+        offset: i64,
+        now_ms: i64,
+    ) -> Result<(), LogError> {
+        self.quiesce("truncating").await?;
+        let _files = self.files.lock().await;
+        {
+            let st = self.state.borrow();
+            if let Some(e) = &st.failed {
+                return Err(e.clone());
+            }
+            let floor = st.segments[0].base_offset.min(st.log_start);
+            if offset < floor || offset > st.end {
+                return Err(LogError::OffsetOutOfRange {
+                    requested: offset,
+                    log_start: st.log_start,
+                    log_end: st.end,
+                });
+            }
+        }
+        if offset < self.start_offset() {
+            // Atomic and durable: either start is consistent with the batches on disk.
+            write_file_on(
+                &self.fs,
+                &self.dir.join(LOG_START_FILE),
+                offset.to_string().into_bytes(),
+            )
+            .await?;
+            // No await from here to the cut's lowering of the end: no read sees the start
+            // moved back with the batches past it still there.
+            self.state.borrow_mut().log_start = offset;
+        }
+        if offset == self.end_offset() {
+            return Ok(());
+        }
+        let cut = self.cut(offset, now_ms).await;
+        if let Err(e) = &cut {
+            self.fail(e.clone());
+        }
+        cut
+    }
+
     /// Whether a truncation at `offset` has anything to remove; an error when the log failed
     /// or `offset` is outside `[log start, log end]`.
     fn truncation_needed(&self, offset: i64) -> Result<bool, LogError> {
@@ -1984,6 +2035,34 @@ mod tests {
                 "the segments' own index files stay"
             );
             assert_eq!(read_all(&log, 0).await.len(), 100);
+        });
+    }
+
+    /// A log whose start lies inside a batch (DeleteRecords) is cut at that batch, with the
+    /// start brought down to it first: the next append lands where the batch began, and a
+    /// reopen agrees (the start file never says more than the end).
+    #[test]
+    fn truncating_from_below_the_start_brings_the_start_down() {
+        let dir = tmpdir("below-start");
+        run(move || async move {
+            let log = Log::open(&dir, small(), 0).await.unwrap();
+            append_n(&log, 10, 0).await; // batches of 2 records: 0, 2, 4, ...
+            log.advance_start(5).await.unwrap();
+            assert!(log.truncate(4, 0).await.is_err(), "below the start");
+            log.truncate_from_below_start(4, 0).await.unwrap();
+            assert_eq!((log.start_offset(), log.end_offset()), (4, 4));
+            append_n(&log, 1, 100).await;
+            assert_eq!(log.end_offset(), 6);
+            log.close().await.unwrap();
+            drop(log);
+            let log = Log::open(&dir, small(), 0).await.unwrap();
+            assert_eq!((log.start_offset(), log.end_offset()), (4, 6));
+            let batches = read_all(&log, 4).await;
+            assert_eq!(batches.len(), 1);
+            assert_eq!(
+                batches[0].base_timestamp, 100,
+                "the batch appended after the cut"
+            );
         });
     }
 

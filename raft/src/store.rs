@@ -521,14 +521,17 @@ async fn read_entries<F: Fs, RB: RangeBounds<u64>>(
             next += 1;
             continue;
         }
+        // Moved meanwhile: a purge took the log start past the read, or a truncation (whose
+        // entries the store forgets only once the log is cut) took the end down to it. A
+        // deposed leader's replication may read while its new leader truncates its tail.
+        let moved = || next < inner.borrow().meta.first_index || offset >= log.end_offset();
         let bytes = match log.read_whole_batches(offset, READ_CHUNK_BYTES).await {
             Ok(bytes) => bytes,
-            // A purge moved the log start past the read meanwhile.
-            Err(_) if next < inner.borrow().meta.first_index => break,
+            Err(_) if moved() => break,
             Err(e) => return Err(io_err(e)),
         };
         if bytes.is_empty() {
-            if next < inner.borrow().meta.first_index {
+            if moved() {
                 break;
             }
             return Err(corrupt(format!(
@@ -655,12 +658,14 @@ impl<C: PartitionTypes, F: Fs> RaftLogStorage<C> for LogStore<F> {
         };
         if keep == 0 && offset < self.log.start_offset() && !unfix::straddle_truncate() {
             // The first entry's batch holds the log start (DeleteRecords moved it inside the
-            // batch), and it goes: the log starts again empty where that batch began, the
-            // offset the leader's entry there has (Kafka's truncate-fully-and-start-at). Only
-            // a snapshot install after a restart truncates an applied entry (openraft no
-            // longer knows it committed): its purge then restarts the log at the snapshot.
+            // batch), and it goes: the start comes back to where that batch began, the
+            // offset the leader's entry there has, and the log is cut there (Kafka's
+            // truncate-fully-and-start-at). Only a snapshot install after a restart truncates
+            // an applied entry (openraft no longer knows it committed): its purge then
+            // restarts the log at the snapshot. A crash part-way leaves the entries back, or
+            // none, with the next one to go at that offset either way.
             self.log
-                .restart_at(offset, (self.clock)())
+                .truncate_from_below_start(offset, (self.clock)())
                 .await
                 .map_err(io_err)?;
         } else {

@@ -883,7 +883,8 @@ impl<F: Fs> Log<F> {
         }
     }
 
-    /// Moves the log start forward (DeleteRecords) and deletes segments wholly below it.
+    /// Moves the log start forward (DeleteRecords) and deletes segments wholly below it. (Only
+    /// `truncate_from_below_start` and `restart_at` ever move it back.)
     pub async fn advance_start(&self, new_start: i64) -> Result<i64, LogError> {
         Ok(self.advance_start_deleting(new_start).await?.0)
     }
@@ -1074,13 +1075,19 @@ impl<F: Fs> Log<F> {
             }
         }
         if offset < self.start_offset() {
-            // Atomic and durable: either start is consistent with the batches on disk.
-            write_file_on(
+            // Atomic and durable: either start is consistent with the batches on disk, but
+            // after an error memory may not say which, so the log takes nothing more until a
+            // restart reopens what is there (as after a failed truncation).
+            let written = write_file_on(
                 &self.fs,
                 &self.dir.join(LOG_START_FILE),
                 offset.to_string().into_bytes(),
             )
-            .await?;
+            .await;
+            if let Err(e) = written {
+                self.fail(e.clone());
+                return Err(e);
+            }
             // No await from here to the cut's lowering of the end: no read sees the start
             // moved back with the batches past it still there.
             self.state.borrow_mut().log_start = offset;

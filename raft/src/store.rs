@@ -92,7 +92,7 @@ pub mod unfix {
 
     /// Undoes (or restores) the fix on this thread: a truncation of every entry, the first
     /// of whose batch holds the log start, cuts the log there (and fails: the cut is below
-    /// the start) instead of restarting it empty where that batch began.
+    /// the start) instead of bringing the start down to that batch first.
     pub fn set_straddle_truncate(undone: bool) {
         STRADDLE_TRUNCATE.with(|u| u.set(undone));
     }
@@ -522,9 +522,11 @@ async fn read_entries<F: Fs, RB: RangeBounds<u64>>(
             continue;
         }
         // Moved meanwhile: a purge took the log start past the read, or a truncation (whose
-        // entries the store forgets only once the log is cut) took the end down to it. A
-        // deposed leader's replication may read while its new leader truncates its tail.
-        let moved = || next < inner.borrow().meta.first_index || offset >= log.end_offset();
+        // entries the store forgets only once the log is cut) took the durable end down to
+        // it; entries appended since may have taken the end past it again. A read from the
+        // disk is of a durable entry, below the durable end until a truncation. A deposed
+        // leader's replication may read while its new leader truncates its tail.
+        let moved = || next < inner.borrow().meta.first_index || offset >= log.durable_offset();
         let bytes = match log.read_whole_batches(offset, READ_CHUNK_BYTES).await {
             Ok(bytes) => bytes,
             Err(_) if moved() => break,
@@ -656,14 +658,15 @@ impl<C: PartitionTypes, F: Fs> RaftLogStorage<C> for LogStore<F> {
                 None => return Ok(()),
             }
         };
-        if keep == 0 && offset < self.log.start_offset() && !unfix::straddle_truncate() {
-            // The first entry's batch holds the log start (DeleteRecords moved it inside the
-            // batch), and it goes: the start comes back to where that batch began, the
-            // offset the leader's entry there has, and the log is cut there (Kafka's
-            // truncate-fully-and-start-at). Only a snapshot install after a restart truncates
-            // an applied entry (openraft no longer knows it committed): its purge then
-            // restarts the log at the snapshot. A crash part-way leaves the entries back, or
-            // none, with the next one to go at that offset either way.
+        if keep == 0 && !unfix::straddle_truncate() {
+            // Every entry goes. The first one's batch may hold the log start (DeleteRecords
+            // moved it inside the batch): the start then comes back to where that batch
+            // began, the offset the leader's entry there has, and the log is cut there
+            // (Kafka's truncate-fully-and-start-at); io decides under its segment-file lock.
+            // Only a snapshot install after a restart truncates an applied entry (openraft no
+            // longer knows it committed): its purge then restarts the log at the snapshot. A
+            // crash part-way leaves the entries back, or none, with the next one to go at
+            // that offset either way.
             self.log
                 .truncate_from_below_start(offset, (self.clock)())
                 .await

@@ -318,7 +318,7 @@ pub struct Outcome {
 /// The weather, disk speeds and fault schedule of a seed.
 pub struct Plan {
     pub weather: Weather,
-    /// The longest a flush takes, per node.
+    /// The longest an fsync takes, per node.
     pub flush_max: BTreeMap<NodeId, Duration>,
     pub events: Vec<Event>,
 }

@@ -19,7 +19,6 @@ use crate::state_machine::{Applied as Apply, ApplyHook};
 use crate::store::StoreView;
 
 pub type Entry = <SimRaft as RaftTypeConfig>::Entry;
-pub type Vote = <SimRaft as RaftTypeConfig>::Vote;
 pub type LogId = openraft::LogId<crate::CommittedLeaderId>;
 
 /// The batch a client writes for `record`: one to three records (so Kafka offsets and Raft

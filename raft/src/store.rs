@@ -1110,16 +1110,38 @@ mod tests {
         assert!(decode_meta(&flipped).is_err());
     }
 
+    /// A store on a simulated disk holding entries 1..=`entries` of term 1, three records
+    /// each, all durable (run it on the simulator's executor).
+    async fn sim_store(config: LogConfig, entries: u64) -> LogStore<crate::sim::fs::SimFs> {
+        use crate::sim::SimRaft;
+        let clock: Clock = Rc::new(|| 1_700_000_000_000);
+        let disk = crate::sim::fs::SimFs::new();
+        let mut store = LogStore::open_on(disk, Path::new("/p"), config, clock)
+            .await
+            .unwrap();
+        let entries: Vec<Entry> = (1..=entries)
+            .map(|i| Entry {
+                log_id: id(1, i),
+                payload: openraft::EntryPayload::Normal(entry::test_batch(3)),
+            })
+            .collect();
+        let flushed = IOFlushed::<SimRaft>::noop();
+        RaftLogStorage::<SimRaft>::append(&mut store, entries, flushed)
+            .await
+            .unwrap();
+        let end = store.log().end_offset();
+        store.log().wait_durable(end).await.unwrap();
+        store
+    }
+
     /// A read that a purge overtakes returns the entries the log still had when it began
     /// (openraft never purges under its own readers; another reader, such as the simulator's
     /// final check, may meet it). It used to compute an index below the purge point, which
     /// overflows and aborts the process.
     #[test]
     fn a_read_overtaken_by_a_purge_returns_what_it_read() {
-        use crate::sim::fs::SimFs;
         use crate::sim::runtime::{spawn_here, spawn_on, Sim, SimRuntime};
         use crate::sim::SimRaft;
-        use openraft::EntryPayload;
         use std::time::Duration;
 
         let sim = Sim::new(1);
@@ -1132,23 +1154,7 @@ mod tests {
                 cache_bytes_max: 0,
                 ..LogConfig::default()
             };
-            let clock: Clock = Rc::new(|| 1_700_000_000_000);
-            let dir = Path::new("/p");
-            let mut store = LogStore::open_on(SimFs::new(), dir, config, clock)
-                .await
-                .unwrap();
-            let entries: Vec<Entry> = (1..=60)
-                .map(|i| Entry {
-                    log_id: id(1, i),
-                    payload: EntryPayload::Normal(entry::test_batch(3)),
-                })
-                .collect();
-            let flushed = IOFlushed::<SimRaft>::noop();
-            RaftLogStorage::<SimRaft>::append(&mut store, entries, flushed)
-                .await
-                .unwrap();
-            let end = store.log().end_offset();
-            store.log().wait_durable(end).await.unwrap();
+            let mut store = sim_store(config, 60).await;
             let mut reader = store.reader();
             spawn_here(async move {
                 let got = RaftLogReader::<SimRaft>::try_get_log_entries(&mut reader, 1..=60).await;
@@ -1173,38 +1179,21 @@ mod tests {
 
     /// A truncation of every entry when the first one's batch holds the log start (moved
     /// inside it, as DeleteRecords does): openraft does this when a restarted node installs a
-    /// snapshot that conflicts with its log. The log starts again, empty, where that batch
-    /// began; it used to try to cut below the log start, and the node's Raft core stopped.
+    /// snapshot that conflicts with its log. The start comes back to where that batch began
+    /// and the log is cut there, empty; it used to try to cut below the log start, and the
+    /// node's Raft core stopped.
     /// (Found by ferrolog-sim, seed 549.)
     #[test]
     fn truncating_a_batch_that_holds_the_log_start_restarts_the_log() {
-        use crate::sim::fs::SimFs;
         use crate::sim::runtime::{spawn_on, Sim};
         use crate::sim::SimRaft;
-        use openraft::EntryPayload;
         use std::time::Duration;
 
         let sim = Sim::new(1);
         let done = Rc::new(RefCell::new(None));
         let out = done.clone();
         spawn_on(1, async move {
-            let clock: Clock = Rc::new(|| 1_700_000_000_000);
-            let dir = Path::new("/p");
-            let mut store = LogStore::open_on(SimFs::new(), dir, LogConfig::default(), clock)
-                .await
-                .unwrap();
-            let entries: Vec<Entry> = (1..=6)
-                .map(|i| Entry {
-                    log_id: id(1, i),
-                    payload: EntryPayload::Normal(entry::test_batch(3)),
-                })
-                .collect();
-            let flushed = IOFlushed::<SimRaft>::noop();
-            RaftLogStorage::<SimRaft>::append(&mut store, entries, flushed)
-                .await
-                .unwrap();
-            let end = store.log().end_offset();
-            store.log().wait_durable(end).await.unwrap();
+            let mut store = sim_store(LogConfig::default(), 6).await;
             // Entry 3's batch holds offsets 6..9; the log start moves to 7, inside it.
             RaftLogStorage::<SimRaft>::purge(&mut store, id(1, 2))
                 .await

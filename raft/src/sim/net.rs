@@ -235,6 +235,18 @@ pub struct Client {
     net: Rc<Net>,
 }
 
+impl Client {
+    /// A leader that muted itself (check quorum) sends no appends and no snapshots.
+    fn not_muted(&self) -> Result<(), Unreachable<SimRaft>> {
+        match self.net.muted.borrow().contains(&self.from) {
+            true => Err(Unreachable::new(&Lost(
+                "muted: no majority acknowledged this leader",
+            ))),
+            false => Ok(()),
+        }
+    }
+}
+
 impl RaftNetworkV2<SimRaft> for Client {
     type SnapshotData = NextOffset;
 
@@ -243,11 +255,7 @@ impl RaftNetworkV2<SimRaft> for Client {
         rpc: AppendEntriesRequest<SimRaft>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<SimRaft>, RPCError<SimRaft>> {
-        if self.net.muted.borrow().contains(&self.from) {
-            return Err(
-                Unreachable::new(&Lost("muted: no majority acknowledged this leader")).into(),
-            );
-        }
+        self.not_muted()?;
         let (net, to) = (self.net.clone(), self.to);
         let answer = self
             .net
@@ -338,11 +346,7 @@ impl RaftNetworkV2<SimRaft> for Client {
         _cancel: impl Future<Output = ReplicationClosed> + 'static,
         option: RPCOption,
     ) -> Result<SnapshotResponse<SimRaft>, StreamingError<SimRaft>> {
-        if self.net.muted.borrow().contains(&self.from) {
-            return Err(
-                Unreachable::new(&Lost("muted: no majority acknowledged this leader")).into(),
-            );
-        }
+        self.not_muted()?;
         let request = (vote, snapshot.meta, snapshot.snapshot);
         let answer = self
             .net

@@ -190,6 +190,17 @@ impl<F: Fs> Clone for StoreView<F> {
 }
 
 impl<F: Fs> StoreView<F> {
+    /// A reader of the store's entries, as openraft reads them (the simulator's final check
+    /// reads a broker replica's log through it).
+    pub fn reader(&self) -> LogStoreReader<F> {
+        LogStoreReader {
+            log: self.log.clone(),
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<F: Fs> StoreView<F> {
     /// Kafka offset of entry `index`'s batch, if the log holds it.
     pub fn base_offset(&self, index: u64) -> Option<i64> {
         let inner = self.inner.borrow();

@@ -15,6 +15,7 @@
 //! coalesced beats and quiescence in `peers`, the controller's leader reports) concern only
 //! Raft groups and reach them through `Replication::raft`.
 
+pub mod host;
 pub mod local;
 pub mod peers;
 pub mod preferred;

@@ -40,28 +40,34 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::Path;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ferrolog_io::batch::BatchHeader;
 use ferrolog_io::{Log, LogConfig};
 use ferrolog_raft::async_runtime::watch::WatchReceiver;
+use ferrolog_raft::async_runtime::Instant as _;
 use ferrolog_raft::check_quorum::CheckQuorum;
 use ferrolog_raft::entry::{self, Batch};
-use ferrolog_raft::network::{GroupRaft, Transport, PRE_VOTE_GUARD};
+use ferrolog_raft::network::{Transport, PRE_VOTE_GUARD};
+use ferrolog_raft::openraft;
 use ferrolog_raft::state_machine::{Applied, NextOffset, PartitionStateMachine};
 use ferrolog_raft::store::{LogStore, StoreView};
 use ferrolog_raft::wire::{GroupId, Handover};
-use ferrolog_raft::{openraft, GlommioRuntime};
 use futures::future::LocalBoxFuture;
 use futures::FutureExt;
-use openraft::impls::ProgressResponder;
 use openraft::{AsyncRuntime, BasicNode, EntryPayload, Raft};
 use uuid::Uuid;
 
 use crate::errors::BrokerError;
 use crate::partition::Appended;
 use crate::producer_state::{ProducerStates, SequenceCheck};
-use crate::types::now_ms;
+
+use super::host::{At, Host, HostRaft, Runtime};
+
+/// Now, on host `H`'s clock.
+fn now<H: Host>() -> At<H> {
+    At::<H>::now()
+}
 
 /// How long a produce waits for its batch to commit before REQUEST_TIMED_OUT.
 const COMMIT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -165,13 +171,13 @@ pub struct Reservation {
 /// A reserved proposal until `Replica::replicate` settles it. One dropped unsettled (its
 /// request went away, e.g. a DeleteRecords whose connection closed) may or may not be in the
 /// log: the leader's producer state is rebuilt before the next proposal, as after a refusal.
-struct InFlight<'a> {
-    replica: &'a Replica,
+struct InFlight<'a, H: Host> {
+    replica: &'a Replica<H>,
     term: Option<u64>,
     settled: bool,
 }
 
-impl Drop for InFlight<'_> {
+impl<H: Host> Drop for InFlight<'_, H> {
     fn drop(&mut self) {
         let replica = self.replica;
         assert!(
@@ -193,7 +199,7 @@ pub struct QuietLead {
 }
 
 /// Where a replica sits: this node, the partition's replicas and their Raft addresses.
-pub struct Placement<'a> {
+pub struct Placement<'a, H: Host = Transport> {
     pub node_id: i32,
     pub replicas: &'a [i32],
     pub addrs: &'a BTreeMap<i32, std::net::SocketAddr>,
@@ -203,12 +209,12 @@ pub struct Placement<'a> {
     /// Woken when this replica applies a log-start entry that moves its log start.
     pub log_start_asked: Rc<tokio::sync::Notify>,
     /// The shard's Raft transport, which carries the group.
-    pub transport: &'a Rc<Transport>,
+    pub transport: &'a Rc<H>,
 }
 
-pub struct Replica {
-    pub raft: GroupRaft,
-    pub view: StoreView,
+pub struct Replica<H: Host = Transport> {
+    pub raft: HostRaft<H>,
+    pub view: StoreView<H::Fs>,
     node_id: u64,
     hw: Rc<Cell<i64>>,
     /// Fetches waiting for the HW to move.
@@ -228,33 +234,33 @@ pub struct Replica {
     /// Where the leader's next proposed batch lands in its log.
     next_offset: Cell<i64>,
     /// The term this leader judges the ISR in, and when each follower was last caught up.
-    caught_up: RefCell<(u64, HashMap<u64, Instant>)>,
+    caught_up: RefCell<(u64, HashMap<u64, At<H>>)>,
     /// The leader's last log index a moment ago, and when: Kafka's rule is that a follower
     /// that has what the leader had then was caught up then. Kafka samples at each follower
     /// fetch; here the sample is taken at most every `ISR_SAMPLE`, so a follower that trails a
     /// busy leader by less than that still counts as caught up.
-    end_sample: Cell<Option<(Option<u64>, Instant)>>,
+    end_sample: Cell<Option<(Option<u64>, At<H>)>>,
     /// When this leader last reported an ISR-only change to the controller.
-    pub isr_reported_at: Cell<Option<Instant>>,
+    pub isr_reported_at: Cell<Option<At<H>>>,
     lag_max: Duration,
-    transport: Rc<Transport>,
+    transport: Rc<H>,
     group: GroupId,
     /// Whether the group's ticks are off (see `tend`).
     quiet: Cell<bool>,
     /// What the leader last saw of its group, and since when it has been so.
-    calm: Cell<Option<(u64, Instant)>>,
+    calm: Cell<Option<(u64, At<H>)>>,
     /// Whether this leader is to mute its group (see `check_quorum`).
-    check_quorum: RefCell<CheckQuorum<Instant>>,
+    check_quorum: RefCell<CheckQuorum<At<H>>>,
 }
 
-impl Replica {
+impl<H: Host> Replica<H> {
     /// Opens the partition log in `dir` as a Raft log and starts the group. The first replica
     /// of a new partition initializes the group with all replicas.
     pub async fn open(
         dir: &Path,
         log_config: LogConfig,
-        placement: Placement<'_>,
-    ) -> std::io::Result<(Rc<Log>, Replica)> {
+        placement: Placement<'_, H>,
+    ) -> std::io::Result<(Rc<Log<H::Fs>>, Replica<H>)> {
         let Placement {
             node_id,
             replicas,
@@ -264,7 +270,7 @@ impl Replica {
             log_start_asked,
             transport,
         } = placement;
-        let store = LogStore::open(dir, log_config, Rc::new(now_ms)).await?;
+        let store = LogStore::open_on(transport.fs(), dir, log_config, transport.clock()).await?;
         let fresh = store.is_fresh();
         let view = store.view();
         let log = store.log().clone();
@@ -276,6 +282,7 @@ impl Replica {
             let (view, hw, producers) = (view.clone(), hw.clone(), applied_producers.clone());
             let wanted = log_start_wanted.clone();
             let waiters = hw_waiters.clone();
+            let host = transport.clone();
             Box::new(move |applied: Applied<'_>| {
                 let (entry, end) = match applied {
                     Applied::Entry(entry) => (Some(entry), view.end_offset(entry.log_id.index)),
@@ -293,6 +300,7 @@ impl Replica {
                 }
                 let Some(entry) = entry else { return };
                 let index = entry.log_id.index;
+                host.applied(entry, view.base_offset(index));
                 let EntryPayload::Normal(Batch(bytes)) = &entry.payload else {
                     return;
                 };
@@ -382,7 +390,7 @@ impl Replica {
     /// `SNAPSHOT_TIMEOUT`, with an error).
     pub async fn apply_retention(
         &self,
-        log: &Log,
+        log: &Log<H::Fs>,
         now: i64,
         limits: Option<(i64, i64)>,
         wait: bool,
@@ -406,7 +414,7 @@ impl Replica {
             self.purge_through(upto).await?;
         }
         // openraft may hold a purge while a follower is still being sent those entries.
-        let purged = |m: &openraft::RaftMetrics<_>| {
+        let purged = |m: &openraft::RaftMetrics<H::Raft>| {
             upto.is_none_or(|upto| m.purged.is_some_and(|p| p.index >= upto))
         };
         if wait {
@@ -434,7 +442,8 @@ impl Replica {
     /// Takes a snapshot through entry `upto` (unless one covers it) and has openraft purge
     /// the entries up to it.
     async fn purge_through(&self, upto: u64) -> std::io::Result<()> {
-        let covered = |m: &openraft::RaftMetrics<_>| m.snapshot.is_some_and(|s| s.index >= upto);
+        let covered =
+            |m: &openraft::RaftMetrics<H::Raft>| m.snapshot.is_some_and(|s| s.index >= upto);
         if !covered(&self.raft.metrics().borrow_watched()) {
             // Through `upto` only: a follower that takes it still gets the entries kept.
             self.view.snapshot_through(upto);
@@ -477,7 +486,7 @@ impl Replica {
 
     /// Whether a committed log-start entry asks this replica to start its log further on
     /// than it does (`apply_retention` acts on it).
-    pub fn log_start_asked(&self, log: &Log) -> bool {
+    pub fn log_start_asked(&self, log: &Log<H::Fs>) -> bool {
         self.log_start_wanted.get() > log.start_offset()
     }
 
@@ -487,10 +496,10 @@ impl Replica {
     /// `deadline` (REQUEST_TIMED_OUT), as Kafka's DeleteRecords waits for every live replica.
     pub async fn wait_low_watermark(
         &self,
-        log: &Log,
+        log: &Log<H::Fs>,
         offset: i64,
         live: impl Fn(i32) -> bool,
-        deadline: Instant,
+        deadline: At<H>,
     ) -> Result<i64, BrokerError> {
         let followers: Vec<u64> = {
             let m = self.raft.metrics();
@@ -503,7 +512,7 @@ impl Replica {
                 return Err(BrokerError::NotLeaderOrFollower);
             }
             let ttl = deadline
-                .saturating_duration_since(Instant::now())
+                .saturating_duration_since(now::<H>())
                 .clamp(LOG_START_POLL, LOG_START_ASK_TTL);
             let asks = followers
                 .iter()
@@ -517,12 +526,12 @@ impl Replica {
             if low >= offset {
                 return Ok(low);
             }
-            if Instant::now() >= deadline {
+            if now::<H>() >= deadline {
                 return Err(BrokerError::RequestTimedOut(format!(
                     "a replica's log starts at {low}, below {offset}"
                 )));
             }
-            glommio::timer::sleep(LOG_START_POLL).await;
+            Runtime::<H>::sleep(LOG_START_POLL).await;
         }
     }
 
@@ -606,10 +615,7 @@ impl Replica {
     /// (openraft's `last_quorum_acked`), or, for a quiet group, by answering its beats; both
     /// count from when what they answered was sent (a heartbeat ack within `READ_LEASE` is
     /// taken without looking further). None if no majority ever did this term.
-    fn quorum_silent(
-        &self,
-        m: &openraft::RaftMetrics<ferrolog_raft::PartitionRaft>,
-    ) -> Option<Duration> {
+    fn quorum_silent(&self, m: &openraft::RaftMetrics<H::Raft>) -> Option<Duration> {
         let acked = m.last_quorum_acked.as_ref().map(|t| t.elapsed());
         // A busy group's heartbeats answer it; only a quiet one needs its beats looked up.
         if acked.is_some_and(|d| d < READ_LEASE) {
@@ -701,7 +707,7 @@ impl Replica {
         });
         let (tx, rx) = futures::channel::oneshot::channel();
         let me = self.clone();
-        glommio::spawn_local(async move {
+        drop(Runtime::<H>::spawn(async move {
             let committed = me.replicate(bytes, reservation).await.map(|(base, end)| {
                 // `replicate` answers Ok only at the reserved offsets (it refuses a batch
                 // that landed elsewhere).
@@ -715,8 +721,7 @@ impl Replica {
                 }
             });
             let _ = tx.send(committed);
-        })
-        .detach();
+        }));
         let commit = async move { rx.await.unwrap_or(Err(BrokerError::NotLeaderOrFollower)) };
         (reserved, crc, commit.boxed_local())
     }
@@ -783,7 +788,8 @@ impl Replica {
             if !this_term() || self.resync.get() || term != Some(current) {
                 return Err(refuse());
             }
-            let (responder, mut rx) = ProgressResponder::complete_only();
+            let (responder, rx) = H::write_responder();
+            let mut rx = Box::pin(rx);
             let decided = async {
                 self.raft
                     .client_write_ff(Batch(batch), Some(responder))
@@ -792,22 +798,20 @@ impl Replica {
                 self.raft.with_raft_state(|_| ()).await
             };
             // A core that does not take messages any more: the write may be in or not.
-            match GlommioRuntime::timeout(COMMIT_TIMEOUT, decided).await {
+            match Runtime::<H>::timeout(COMMIT_TIMEOUT, decided).await {
                 Ok(Ok(())) => {}
                 _ => return Err(refuse()),
             }
-            match rx.try_recv() {
-                Err(tokio::sync::oneshot::error::TryRecvError::Empty) => Ok((rx, None)),
-                Ok(Ok(response)) => Ok((rx, Some(response))),
-                Ok(Err(_)) | Err(tokio::sync::oneshot::error::TryRecvError::Closed) => {
-                    Err(refuse())
-                }
+            match rx.as_mut().now_or_never() {
+                None => Ok((rx, None)),
+                Some(Ok(Ok(response))) => Ok((rx, Some(response))),
+                Some(Ok(Err(_)) | Err(_)) => Err(refuse()),
             }
         }
         .await;
         let result = match submitted {
             Ok((_, Some(response))) => Ok(Ok(response)),
-            Ok((rx, None)) => match GlommioRuntime::timeout(COMMIT_TIMEOUT, rx).await {
+            Ok((rx, None)) => match Runtime::<H>::timeout(COMMIT_TIMEOUT, rx).await {
                 Ok(Ok(result)) => Ok(result),
                 // The group shut down with the proposal pending.
                 Ok(Err(_)) => Err(BrokerError::NotLeaderOrFollower),
@@ -845,7 +849,7 @@ impl Replica {
     /// round when it did not (a group back from a quiet spell), waiting `timeout` for it.
     async fn renew_lease(&self, timeout: Duration) -> Result<(), BrokerError> {
         let me = self.node_id;
-        let fresh = |m: &openraft::RaftMetrics<ferrolog_raft::PartitionRaft>| {
+        let fresh = |m: &openraft::RaftMetrics<H::Raft>| {
             m.last_quorum_acked
                 .as_ref()
                 .is_some_and(|t| t.elapsed() < LEASE_FRESH)
@@ -900,6 +904,9 @@ impl Replica {
             // Registered before the look, so no HW move between the two is missed.
             let moved = self.hw_changed();
             if self.hw.get() >= end_offset {
+                if unfix::offsets_confirm_duplicates() {
+                    return Ok(());
+                }
                 // The apply hook moves the HW and records the applied batches in one step.
                 let committed = self.applied_producers.borrow().check(header);
                 return match committed {
@@ -935,7 +942,7 @@ impl Replica {
         if m.current_leader != Some(self.node_id) {
             return Vec::new();
         }
-        let now = Instant::now();
+        let now = now::<H>();
         let mut caught_up = self.caught_up.borrow_mut();
         let (term, caught_up) = &mut *caught_up;
         if *term != m.current_term {
@@ -962,8 +969,8 @@ impl Replica {
             }
             // A quiet partition has no traffic to lag behind, so a follower whose node
             // stopped answering pings leaves too.
-            if now.duration_since(*since) <= self.lag_max
-                && self.transport.is_alive(*id, self.group, self.lag_max)
+            if now.saturating_duration_since(*since) <= self.lag_max
+                && self.transport.liveness(*id, self.group, self.lag_max).0
             {
                 isr.push(*id as i32);
             }
@@ -975,12 +982,12 @@ impl Replica {
 
     /// Takes a new sample of the leader's log end for the ISR once the last one is old enough
     /// (see `end_sample`): a quarter of `replica.lag.time.max.ms`, at most `ISR_SAMPLE`.
-    fn sample_end(&self, end: Option<u64>, now: Instant) {
+    fn sample_end(&self, end: Option<u64>, now: At<H>) {
         let every = ISR_SAMPLE.min(self.lag_max / 4);
         if self
             .end_sample
             .get()
-            .is_none_or(|(_, at)| now.duration_since(at) >= every)
+            .is_none_or(|(_, at)| now.saturating_duration_since(at) >= every)
         {
             self.end_sample.set(Some((end, now)));
         }
@@ -1026,7 +1033,7 @@ impl Replica {
                             .is_some_and(|t| t.elapsed() < LEADER_SILENT)
                 }
                 Some(_) if leading => {
-                    self.sample_end(m.last_log_index, Instant::now());
+                    self.sample_end(m.last_log_index, now::<H>());
                     let mut signature = DefaultHasher::new();
                     (m.current_term, m.last_log_index).hash(&mut signature);
                     let mut caught_up = true;
@@ -1039,10 +1046,10 @@ impl Replica {
                         caught_up &= !liveness.0 || matched.map(|l| l.index) == m.last_log_index;
                     }
                     let signature = signature.finish();
-                    let now = Instant::now();
+                    let now = now::<H>();
                     match self.calm.get() {
                         Some((seen, since)) if seen == signature && caught_up => {
-                            now.duration_since(since) >= QUIET_AFTER
+                            now.saturating_duration_since(since) >= QUIET_AFTER
                         }
                         _ => {
                             self.calm.set(Some((signature, now)));
@@ -1070,18 +1077,14 @@ impl Replica {
     /// Check quorum (issue 17, h; ferrolog-raft's `check_quorum`, which the simulator runs
     /// too): mutes the group's transport while a leader no majority acknowledged lately is
     /// to stay silent, so that its followers elect another. Returns whether it is muted.
-    fn check_quorum(
-        &self,
-        m: &openraft::RaftMetrics<ferrolog_raft::PartitionRaft>,
-        settling: bool,
-    ) -> bool {
+    fn check_quorum(&self, m: &openraft::RaftMetrics<H::Raft>, settling: bool) -> bool {
         let leading = (m.state == openraft::ServerState::Leader
             && m.current_leader == Some(self.node_id))
         .then_some(m.current_term);
         let muted = self.check_quorum.borrow_mut().tend(
             self.group.0,
             leading,
-            Instant::now(),
+            now::<H>(),
             || self.quorum_silent(m),
             settling,
         );
@@ -1112,6 +1115,27 @@ impl Replica {
     /// The group's id on the wire.
     pub fn group(&self) -> GroupId {
         self.group
+    }
+}
+
+/// Simulation only: a fix that the replica simulator can undo on its own thread
+/// (`ferrolog-sim --replica --unfix c`), to show that its checker finds the defect. The
+/// broker never sets it.
+pub mod unfix {
+    use std::cell::Cell;
+
+    thread_local! {
+        static OFFSETS_CONFIRM_DUPLICATES: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// Defect c of issue 17: a retry is confirmed once the HW passes the offsets its
+    /// original was given, whichever batch landed there.
+    pub fn set_offsets_confirm_duplicates(on: bool) {
+        OFFSETS_CONFIRM_DUPLICATES.with(|c| c.set(on));
+    }
+
+    pub(super) fn offsets_confirm_duplicates() -> bool {
+        OFFSETS_CONFIRM_DUPLICATES.with(Cell::get)
     }
 }
 

@@ -9,5 +9,5 @@
 # seed failed; each failure is printed shrunk, with the command that replays it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-cargo build --release --locked -p ferrolog-raft --bin ferrolog-sim >&2
+cargo build --release --locked -p ferrolog --bin ferrolog-sim >&2
 exec target/release/ferrolog-sim "$@"

@@ -21,4 +21,5 @@ pub mod quorum;
 pub mod records;
 pub mod replication;
 pub mod shard;
+pub mod sim;
 pub mod types;

@@ -73,6 +73,32 @@ def test_the_controller_group_passes_fresh_seeds():
     assert re.search(r"200 seeds from \d+, 0 failed", run.stdout), run.stdout[-2000:]
 
 
+def test_the_readme_replica_command_passes_its_seeds():
+    # The broker's Replica on every node, written by idempotent producers that retry.
+    command = readme_block("Simulate it: ferrolog-sim", 1, "sh").strip()
+    assert "--replica" in command, command
+    run = simulate(shlex.split(command))
+    assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-3000:]
+    summary = re.search(r"(\d+) seeds from \d+, 0 failed", run.stdout)
+    assert summary and int(summary.group(1)) == 300, run.stdout[-2000:]
+
+
+def test_undoing_fix_c_is_found_and_replayed():
+    # Defect c: a retry confirmed by its original's offsets alone, while another batch
+    # landed there.
+    run = simulate(["scripts/simulate.sh", "--replica", "--seed", "31", "--unfix", "c"])
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+    finding = r"misreported: \S+ acknowledged at offset \d+, applied (at|nowhere)"
+    assert re.search(finding, run.stdout), run.stdout[-3000:]
+    reproduce = re.search(r"reproduce: ferrolog-sim (.*)", run.stdout)
+    assert reproduce and "--replica --unfix c" in reproduce.group(1), run.stdout[-3000:]
+    replay = simulate(["scripts/simulate.sh", *shlex.split(reproduce.group(1)), "--no-shrink"])
+    assert replay.returncode == 1, replay.stdout[-3000:]
+    assert re.search(finding, replay.stdout), replay.stdout[-3000:]
+    fixed = simulate(["scripts/simulate.sh", "--replica", "--seed", "31"])
+    assert fixed.returncode == 0, fixed.stdout[-3000:]
+
+
 # Each fix of the Raft store undone, a seed that finds it, and what the checker reports.
 UNFIXED_STORE = {
     # A purge point recorded before the batches below it are on disk: a node whose log lost
@@ -95,7 +121,7 @@ def test_undoing_a_fix_of_the_raft_store_is_found(fix):
 
 
 def test_the_readme_log_command_passes_its_seeds():
-    command = readme_block("Simulate it: ferrolog-sim", 1, "sh").strip()
+    command = readme_block("Simulate it: ferrolog-sim", 2, "sh").strip()
     assert "--log" in command, command
     run = simulate(shlex.split(command))
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-3000:]

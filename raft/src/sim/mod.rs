@@ -62,6 +62,8 @@ use std::fmt;
 use std::rc::Rc;
 use std::time::Duration;
 
+use futures::future::LocalBoxFuture;
+use futures::FutureExt;
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::async_runtime::Instant as _;
 use openraft::error::{ClientWriteError, RaftError};
@@ -105,15 +107,15 @@ openraft::declare_raft_types!(
 );
 
 /// The nodes of the group (node 0 is where the clients run; it never fails).
-const NODES: [NodeId; 3] = [1, 2, 3];
+pub const NODES: [NodeId; 3] = [1, 2, 3];
 const CLIENTS: u32 = 3;
 /// How long a client waits for an acknowledgement before it gives the record up.
-const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
+pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The partition directory on every node's disk.
-const DIR: &str = "/sim/partition";
+pub const DIR: &str = "/sim/partition";
 
 /// Small segments, so that rolls, index entries and truncations across segments are common.
-fn log_config() -> LogConfig {
+pub fn log_config() -> LogConfig {
     LogConfig {
         segment_bytes: 4000,
         index_interval_bytes: 700,
@@ -187,10 +189,28 @@ impl Checker {
         }
     }
 
-    fn acked(&self, record: Record, log_id: LogId) {
+    pub fn acked(&self, record: Record, log_id: LogId) {
         self.acked.borrow_mut().push((record, log_id));
         let now = <SimInstant as openraft::async_runtime::Instant>::now();
         self.ack_times.borrow_mut().push(now);
+    }
+
+    /// `record` was acknowledged at Kafka offset `offset` (a client of the broker's
+    /// `Replica` hears offsets, not log ids): it must have been applied there, since a
+    /// replica answers only once the batch is committed, hence applied on the leader.
+    pub fn acked_at(&self, record: Record, offset: i64) {
+        let index = self.placed.borrow().get(&record).copied();
+        let applied = index.and_then(|i| self.applied.borrow().get(&i).copied());
+        match applied {
+            Some((log_id, _, at, _)) if at == offset => self.acked(record, log_id),
+            Some((log_id, _, at, _)) => self.violation(format!(
+                "misreported: {record} acknowledged at offset {offset}, applied at {log_id} \
+                 at offset {at}"
+            )),
+            None => self.violation(format!(
+                "misreported: {record} acknowledged at offset {offset}, applied nowhere"
+            )),
+        }
     }
 
     pub fn violation(&self, what: String) {
@@ -279,6 +299,8 @@ pub struct Options {
     /// A schedule of long deaf-leader faults only (defect h of issue 17), each checked for
     /// the two connected nodes taking writes again.
     pub deaf: bool,
+    /// What runs on the nodes, if not openraft over the store alone ([`Bare`]).
+    pub mode: Option<Rc<dyn Mode>>,
 }
 
 impl Options {
@@ -293,6 +315,7 @@ impl Options {
             controller: false,
             keep: None,
             deaf: false,
+            mode: None,
         }
     }
 }
@@ -511,7 +534,9 @@ fn actions(events: &[Event]) -> Vec<(Duration, usize, Action)> {
 }
 
 /// What the final check reads a running node's log store through.
-type NodeStore = (LogStoreReader<SimFs>, StoreView<SimFs>);
+pub type NodeStore = (LogStoreReader<SimFs>, StoreView<SimFs>);
+/// Each running node's store (`NodeCtx::stores`).
+pub type Stores = Rc<RefCell<BTreeMap<NodeId, NodeStore>>>;
 
 /// The simulated cluster: its nodes' disks and the network between them.
 struct World {
@@ -519,7 +544,7 @@ struct World {
     net: Rc<Net>,
     disks: BTreeMap<NodeId, SimFs>,
     /// A reader and a view of each running node's log store (for the final check).
-    stores: Rc<RefCell<BTreeMap<NodeId, NodeStore>>>,
+    stores: Stores,
     /// Draws what each power loss keeps.
     rng: SmallRng,
     /// Nodes down (crashed, not yet restarted).
@@ -538,79 +563,29 @@ struct World {
     /// Whether the group is the controller's (`Options::controller`).
     controller: bool,
     checker: Rc<Checker>,
+    mode: Rc<dyn Mode>,
 }
 
 impl World {
     fn start(&mut self, node: NodeId) {
         self.down.remove(&node);
-        let (net, disk, checker) = (
-            self.net.clone(),
-            self.disks[&node].clone(),
-            self.checker.clone(),
-        );
+        let disk = self.disks[&node].clone();
         if !disk.is_empty() {
             // It may have acknowledged a leader just before it went down.
             self.net.hold_votes(node);
         }
-        let config = Rc::clone(&self.config);
-        let check_quorum = self.check_quorum;
-        let stores = self.stores.clone();
-        let controller = self.controller;
+        let ctx = NodeCtx {
+            node,
+            disk,
+            net: self.net.clone(),
+            checker: self.checker.clone(),
+            stores: self.stores.clone(),
+            config: std::sync::Arc::new((*self.config).clone()),
+            check_quorum: self.check_quorum,
+            controller: self.controller,
+        };
         // Spawned on the node, so that every task openraft starts belongs to it.
-        spawn_on(node, async move {
-            let clock = Rc::new(|| SimInstant::now().since_start().as_millis() as i64);
-            let dir = std::path::Path::new(DIR);
-            let disk_failed = disk.clone();
-            let store = match LogStore::open_on(disk, dir, log_config(), clock).await {
-                Ok(store) if controller => store.persist_committed(),
-                Ok(store) => store,
-                // A disk that failed meanwhile fails the open; the node stays down until the
-                // disk is mended.
-                Err(_) if disk_failed.failed() => return,
-                Err(e) => {
-                    checker.violation(format!("unopenable: node {node}'s log: {e}"));
-                    return;
-                }
-            };
-            stores
-                .borrow_mut()
-                .insert(node, (store.reader(), store.view()));
-            let (view, log) = (store.view(), store.log().clone());
-            let hook = reporter(node, checker.clone(), view.clone());
-            let sm = match controller {
-                true => Ok(PartitionStateMachine::with_apply_hook(hook)),
-                false => PartitionStateMachine::open(view.clone(), hook),
-            };
-            let sm = match sm {
-                Ok(sm) => sm,
-                Err(e) => {
-                    checker.violation(format!("unopenable: node {node}'s snapshot: {e}"));
-                    return;
-                }
-            };
-            let factory = Factory {
-                node,
-                net: net.clone(),
-            };
-            let config = std::sync::Arc::new((*config).clone());
-            match Raft::new(node, config, factory, store, sm).await {
-                Ok(raft) => {
-                    net.set_raft(node, Some(raft.clone()));
-                    if !controller {
-                        let retention = retention(raft.clone(), view, log, checker.clone());
-                        spawn_on(node, retention);
-                    }
-                    if check_quorum {
-                        tend(node, raft, net).await;
-                    }
-                }
-                // Starting writes too (a snapshot restored from disk is kept again).
-                Err(_) if disk_failed.failed() => {}
-                Err(e) => {
-                    checker.violation(format!("unopenable: node {node} failed to start: {e}"))
-                }
-            }
-        });
+        spawn_on(node, self.mode.start(ctx));
     }
 
     fn crash(&mut self, node: NodeId, keep: f64) {
@@ -619,6 +594,7 @@ impl World {
         }
         self.net.set_raft(node, None);
         self.stores.borrow_mut().remove(&node);
+        self.mode.crashed(node);
         self.sim.crash(node);
         let disk = &self.disks[&node];
         if keep < 1.0 {
@@ -738,13 +714,138 @@ impl World {
     }
 }
 
+/// What the world runs on each node, and how its clients write: [`Bare`] runs openraft over
+/// the broker's store and state machine; ferrolog's replica simulator (`ferrolog::sim`) runs
+/// the broker's whole partition replica on them, with idempotent producers.
+pub trait Mode: fmt::Debug {
+    /// Opens node `ctx.node`'s group on its disk and runs it: registers its Raft with
+    /// `ctx.net` and its store with `ctx.stores`. Runs on the node, so a crash drops it.
+    fn start(&self, ctx: NodeCtx) -> LocalBoxFuture<'static, ()>;
+    /// Client `id`: writes records until `ctx.stop`, reporting its acknowledgements.
+    fn client(&self, id: u32, ctx: ClientCtx) -> LocalBoxFuture<'static, ()>;
+    /// Node `node` crashed: whatever ran on it is gone.
+    fn crashed(&self, _node: NodeId) {}
+    /// Whether the nodes initialize their group themselves; else node 1's is initialized
+    /// once it is up.
+    fn self_initializing(&self) -> bool {
+        false
+    }
+    /// The ferrolog-sim flag that selects it.
+    fn flag(&self) -> &'static str;
+}
+
+/// What a node starts with (`Mode::start`).
+pub struct NodeCtx {
+    pub node: NodeId,
+    pub disk: SimFs,
+    pub net: Rc<Net>,
+    pub checker: Rc<Checker>,
+    pub stores: Stores,
+    pub config: std::sync::Arc<openraft::Config>,
+    /// Whether leaders run check quorum (`Options::no_check_quorum`).
+    pub check_quorum: bool,
+    /// Whether the group is the controller's (`Options::controller`).
+    pub controller: bool,
+}
+
+/// What a client runs with (`Mode::client`).
+pub struct ClientCtx {
+    pub net: Rc<Net>,
+    pub checker: Rc<Checker>,
+    /// Set once the clients are to stop.
+    pub stop: Rc<Cell<bool>>,
+    /// When a client last had a write acknowledged.
+    pub last_ack: Rc<Cell<SimInstant>>,
+}
+
+/// openraft over the broker's store and state machine, written by clients that never retry.
+#[derive(Debug)]
+pub struct Bare;
+
+impl Mode for Bare {
+    fn start(&self, ctx: NodeCtx) -> LocalBoxFuture<'static, ()> {
+        let NodeCtx {
+            node,
+            disk,
+            net,
+            checker,
+            stores,
+            config,
+            check_quorum,
+            controller,
+        } = ctx;
+        async move {
+            let clock = Rc::new(|| SimInstant::now().since_start().as_millis() as i64);
+            let dir = std::path::Path::new(DIR);
+            let disk_failed = disk.clone();
+            let store = match LogStore::open_on(disk, dir, log_config(), clock).await {
+                Ok(store) if controller => store.persist_committed(),
+                Ok(store) => store,
+                // A disk that failed meanwhile fails the open; the node stays down until the
+                // disk is mended.
+                Err(_) if disk_failed.failed() => return,
+                Err(e) => {
+                    checker.violation(format!("unopenable: node {node}'s log: {e}"));
+                    return;
+                }
+            };
+            stores
+                .borrow_mut()
+                .insert(node, (store.reader(), store.view()));
+            let (view, log) = (store.view(), store.log().clone());
+            let hook = reporter(node, checker.clone(), view.clone());
+            let sm = match controller {
+                true => Ok(PartitionStateMachine::with_apply_hook(hook)),
+                false => PartitionStateMachine::open(view.clone(), hook),
+            };
+            let sm = match sm {
+                Ok(sm) => sm,
+                Err(e) => {
+                    checker.violation(format!("unopenable: node {node}'s snapshot: {e}"));
+                    return;
+                }
+            };
+            let factory = Factory {
+                node,
+                net: net.clone(),
+            };
+            match Raft::new(node, config, factory, store, sm).await {
+                Ok(raft) => {
+                    net.set_raft(node, Some(raft.clone()));
+                    if !controller {
+                        let retention = retention(raft.clone(), view, log, checker.clone(), 0);
+                        spawn_on(node, retention);
+                    }
+                    if check_quorum {
+                        tend(node, raft, net).await;
+                    }
+                }
+                // Starting writes too (a snapshot restored from disk is kept again).
+                Err(_) if disk_failed.failed() => {}
+                Err(e) => {
+                    checker.violation(format!("unopenable: node {node} failed to start: {e}"))
+                }
+            }
+        }
+        .boxed_local()
+    }
+
+    fn client(&self, id: u32, ctx: ClientCtx) -> LocalBoxFuture<'static, ()> {
+        client(id, ctx).boxed_local()
+    }
+
+    fn flag(&self) -> &'static str {
+        ""
+    }
+}
+
 /// How often a node looks at its group, as the broker's quiescence loop does.
 const TEND_INTERVAL: Duration = Duration::from_millis(500);
 
 /// A node's check quorum, as the broker's `Replica::tend` runs it: a leader no majority
 /// acknowledged lately mutes its appends (`Net::mute`). After a stall (a pause) what the
 /// node heard is stale, so for 3 s it changes nothing, as the broker's loop does.
-async fn tend(node: NodeId, raft: NodeRaft, net: Rc<Net>) {
+pub async fn tend(node: NodeId, raft: NodeRaft, net: Rc<Net>) {
     let mut check = CheckQuorum::default();
     let mut last = SimInstant::now();
     let mut settle_until = last;
@@ -772,11 +873,12 @@ async fn tend(node: NodeId, raft: NodeRaft, net: Rc<Net>) {
 /// inside a batch, as DeleteRecords may put them: that batch stays an entry, and the log
 /// start moves into it once the entries below are purged. Stops once the clients stop, so
 /// the final check sees each log's tail since its last purge.
-async fn retention(
+pub async fn retention(
     raft: NodeRaft,
     view: StoreView<SimFs>,
     log: Rc<ferrolog_io::Log<SimFs>>,
     checker: Rc<Checker>,
+    keep_min: u64,
 ) {
     let mut first = view.first_index();
     loop {
@@ -794,10 +896,11 @@ async fn retention(
         };
         // A quarter of the purges take everything applied, as retention of a whole log or
         // DeleteRecords up to the HW does.
-        let keep = match runtime::random_u64() % 4 {
-            0 => 0,
-            _ => 20 + runtime::random_u64() % 40,
-        };
+        let keep = keep_min
+            + match runtime::random_u64() % 4 {
+                0 => 0,
+                _ => 20 + runtime::random_u64() % 40,
+            };
         let Some(last) = applied.checked_sub(keep) else {
             continue;
         };
@@ -859,14 +962,15 @@ async fn retention(
     }
 }
 
-/// A client: writes its records one at a time through whichever node it believes leads.
-async fn client(
-    id: u32,
-    net: Rc<Net>,
-    checker: Rc<Checker>,
-    stop: Rc<Cell<bool>>,
-    last_ack: Rc<Cell<SimInstant>>,
-) {
+/// A client of [`Bare`]: writes its records one at a time through whichever node it believes
+/// leads.
+async fn client(id: u32, ctx: ClientCtx) {
+    let ClientCtx {
+        net,
+        checker,
+        stop,
+        last_ack,
+    } = ctx;
     let mut target = NODES[id as usize % NODES.len()];
     let mut seq = 0;
     while !stop.get() {
@@ -950,37 +1054,37 @@ fn run_world(options: &Options) -> Outcome {
         check_quorum: !options.no_check_quorum,
         controller: options.controller,
         checker: checker.clone(),
+        mode: options.mode.clone().unwrap_or_else(|| Rc::new(Bare)),
     };
     for n in NODES {
         world.start(n);
     }
-    let net = world.net.clone();
-    spawn_on(0, async move {
-        // Node 1 initializes the group once it is up.
-        loop {
-            if let Some(raft) = net.raft(1) {
-                let members: BTreeMap<u64, BasicNode> =
-                    NODES.iter().map(|&n| (n, BasicNode::default())).collect();
-                if raft.initialize(members).await.is_ok() {
-                    return;
+    if !world.mode.self_initializing() {
+        let net = world.net.clone();
+        spawn_on(0, async move {
+            // Node 1 initializes the group once it is up.
+            loop {
+                if let Some(raft) = net.raft(1) {
+                    let members: BTreeMap<u64, BasicNode> =
+                        NODES.iter().map(|&n| (n, BasicNode::default())).collect();
+                    if raft.initialize(members).await.is_ok() {
+                        return;
+                    }
                 }
+                SimRuntime::sleep(Duration::from_millis(10)).await;
             }
-            SimRuntime::sleep(Duration::from_millis(10)).await;
-        }
-    });
+        });
+    }
     let stop = Rc::new(Cell::new(false));
     let last_ack = Rc::new(Cell::new(SimInstant::default()));
     for id in 0..CLIENTS {
-        spawn_on(
-            0,
-            client(
-                id,
-                world.net.clone(),
-                checker.clone(),
-                stop.clone(),
-                last_ack.clone(),
-            ),
-        );
+        let ctx = ClientCtx {
+            net: world.net.clone(),
+            checker: checker.clone(),
+            stop: stop.clone(),
+            last_ack: last_ack.clone(),
+        };
+        spawn_on(0, world.mode.client(id, ctx));
     }
 
     let start = world.sim.now();
@@ -1044,6 +1148,9 @@ fn run_world(options: &Options) -> Outcome {
         snapshots_installed: world.net.snapshots_installed.get(),
         fingerprint: checker.fingerprint.get(),
     };
+    for n in NODES {
+        world.mode.crashed(n);
+    }
     drop(world);
     outcome
 }
@@ -1241,6 +1348,9 @@ pub fn command(options: &Options) -> String {
     }
     if options.deaf {
         cmd.push_str(" --deaf");
+    }
+    if let Some(mode) = &options.mode {
+        cmd.push_str(&format!(" {}", mode.flag()));
     }
     if let Some(keep) = &options.keep {
         let list: Vec<String> = keep.iter().map(|i| i.to_string()).collect();

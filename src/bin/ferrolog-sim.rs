@@ -1,9 +1,11 @@
-//! `ferrolog-sim`: runs the deterministic simulator (`ferrolog_raft::sim`) over seeds.
+//! `ferrolog-sim`: runs the deterministic simulator (`ferrolog_raft::sim`, and with
+//! `--replica` the broker's partition replica in it, `ferrolog::sim`) over seeds.
 //!
 //! ```text
 //! ferrolog-sim --seeds 100            # seeds first..first+100
 //! ferrolog-sim --minutes 30           # as many seeds as fit in 30 minutes
 //! ferrolog-sim --seed 42 [--keep 3,7] # replays one run (and its shrunk schedule)
+//! ferrolog-sim --replica --seeds 100  # the broker's Replica, with idempotent producers
 //! ferrolog-sim --log --seeds 100      # io/'s log on a simulated disk, crashed at random
 //! ```
 //! A failing seed is shrunk to the fewest faults that still fail and printed with the
@@ -11,10 +13,12 @@
 
 use std::collections::BTreeSet;
 use std::process::ExitCode;
+use std::rc::Rc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use clap::Parser;
+use ferrolog::sim::ReplicaMode;
 use ferrolog_raft::sim::log_world::{log_command, run_log, LogOptions, UNFIXES};
 use ferrolog_raft::sim::{command, describe, run, shrink, Options};
 
@@ -39,7 +43,9 @@ struct Args {
     /// Undo a fix, to see the simulator find its defect: `a` lets a restarted leader take
     /// its term back; `h` leaves out check quorum, so a deaf leader keeps its followers
     /// from electing another (run it with `--deaf`); `purge` lets a purge record its
-    /// purge point before the batches below it are on disk; `straddle` lets a truncation
+    /// purge point before the batches below it are on disk; with `--replica`, `c` confirms
+    /// a retried batch once the HW passes its original's offsets, whichever batch landed
+    /// there; `straddle` lets a truncation
     /// of a log whose start lies inside its first entry's batch cut below the start; with
     /// `--log`, `g-open` calls a
     /// recovered tail durable without an fsync, `g-truncate` cuts a segment without
@@ -58,6 +64,11 @@ struct Args {
     /// no retention) instead of a partition's.
     #[arg(long, conflicts_with = "log")]
     controller: bool,
+    /// Run the broker's partition replica (`Replica`: Kafka offsets, the idempotent
+    /// producer state, retries confirmed) on every node, written by idempotent producers
+    /// that retry, instead of openraft alone.
+    #[arg(long, conflicts_with_all = ["log", "controller"])]
+    replica: bool,
     /// With `--seed`: run only these events of its schedule (comma-separated indexes).
     #[arg(long, requires = "seed")]
     keep: Option<String>,
@@ -93,6 +104,7 @@ fn main() -> ExitCode {
     }));
     let (mut leader_restore, mut no_check_quorum, mut undo) = (false, false, 0u16);
     let (mut purge_unsynced, mut straddle_truncate) = (false, false);
+    let mut offsets_confirm = false;
     for fix in &args.unfix {
         let log_fix = UNFIXES.iter().find(|(name, _)| name == fix).map(|f| f.1);
         match (fix.as_str(), args.log, log_fix) {
@@ -100,10 +112,11 @@ fn main() -> ExitCode {
             ("h", false, _) => no_check_quorum = true,
             ("purge", false, _) => purge_unsynced = true,
             ("straddle", false, _) => straddle_truncate = true,
+            ("c", false, _) if args.replica => offsets_confirm = true,
             (_, true, Some(flag)) => undo |= flag,
             (other, _, _) => {
                 eprintln!(
-                    "ferrolog-sim: unknown --unfix {other:?} (known: a, h, purge, straddle; with --log: g-open, g-truncate, g-index, g-finish, g-start, g-read, g-failed)"
+                    "ferrolog-sim: unknown --unfix {other:?} (known: a, h, purge, straddle; with --replica: c; with --log: g-open, g-truncate, g-index, g-finish, g-start, g-read, g-failed)"
                 );
                 return ExitCode::from(2);
             }
@@ -135,6 +148,9 @@ fn main() -> ExitCode {
         controller: args.controller,
         keep: keep.clone(),
         deaf: args.deaf,
+        mode: args
+            .replica
+            .then(|| Rc::new(ReplicaMode::new(offsets_confirm)) as _),
         ..Options::new(seed)
     };
     if let Some(seed) = args.seed {

@@ -1,0 +1,380 @@
+//! The replica simulator: ferrolog-raft's simulated world (`ferrolog_raft::sim`: three nodes,
+//! simulated time, disks and network, and its fault schedule and checkers) running the
+//! broker's own partition replica (`replication::Replica`) on every node, written by
+//! idempotent producers that retry (`ferrolog-sim --replica`).
+//!
+//! What it adds to the bare world:
+//! - each node hosts a `Replica` on a simulated host (`SimHost`): the Raft transport is the
+//!   simulated network, the disk the node's simulated disk, the clock simulated time;
+//! - a produce request takes the broker's path (`produce`, as `Partition::append` does once
+//!   a batch is validated): the leader's readiness check, the idempotent-producer sequence
+//!   check, then a new proposal (`Replica::propose`) or a retry's confirmation
+//!   (`Replica::confirm_duplicate`);
+//! - clients are idempotent producers, one batch in flight each, that retry a batch until it
+//!   is acknowledged (after an error, or a timeout drawn per attempt, 0.3 to 3 s, as a client
+//!   with a short `request.timeout.ms` would), so retries meet their originals in every
+//!   state.
+//!
+//! The checkers are the bare world's, plus two: an acknowledgement names a Kafka offset, and
+//! the batch must have been applied there (`Checker::acked_at`: a retry confirmed at offsets
+//! that hold another batch is "misreported"); and a record applied at two indexes is a
+//! duplicate the producer state let through.
+//!
+//! Not simulated yet: quiescence and the coalesced beats (`Replica::tend`; leaders run check
+//! quorum as the bare world does), preferred-leader handovers, DeleteRecords' log-start
+//! entries, reads and their lease, the controller and the group coordinator.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use ferrolog_io::batch::{self, BatchHeader};
+use ferrolog_raft::entry::Entry;
+use ferrolog_raft::network::GroupTaken;
+use ferrolog_raft::openraft::async_runtime::Instant as _;
+use ferrolog_raft::openraft::impls::ProgressResponder;
+use ferrolog_raft::openraft::type_config::alias::WriteResponderOf;
+use ferrolog_raft::openraft::AsyncRuntime;
+use ferrolog_raft::sim::fs::SimFs;
+use ferrolog_raft::sim::net::{Factory, Net};
+use ferrolog_raft::sim::runtime::{random_u64, spawn_on, NodeId, SimInstant, SimRuntime};
+use ferrolog_raft::sim::store::{batch_of, record_of};
+use ferrolog_raft::sim::{
+    retention, tend, Checker, ClientCtx, Mode, NodeCtx, Record, SimRaft, DIR, NODES,
+};
+use ferrolog_raft::store::Clock;
+use ferrolog_raft::wire::{GroupId, Handover};
+use futures::future::LocalBoxFuture;
+use futures::FutureExt;
+
+use crate::errors::BrokerError;
+use crate::partition::Appended;
+use crate::producer_state::{ProducerStates, SequenceCheck};
+use crate::replication::host::{At, Host, HostRaft, WriteReceiver};
+use crate::replication::raft::unfix;
+use crate::replication::{Placement, Replica};
+use ferrolog_io::Log;
+
+/// The simulated partition's group id.
+const GROUP: GroupId = GroupId(1 << 63 | 1);
+
+/// Retention keeps at least this many entries: the producer state of purged batches is gone
+/// after a restart (issue 17's notes), and a batch whose retry comes after that would be
+/// appended again; a tail this long outlasts every retry of the simulation's clients.
+const RETENTION_KEEPS: u64 = 300;
+
+/// A node's host: the simulated network, disk and clock.
+struct SimHost {
+    node: NodeId,
+    net: Rc<Net>,
+    disk: SimFs,
+    checker: Rc<Checker>,
+}
+
+impl Host for SimHost {
+    type Raft = SimRaft;
+    type Fs = SimFs;
+    type Network = Factory;
+
+    fn fs(&self) -> SimFs {
+        self.disk.clone()
+    }
+    fn clock(&self) -> Clock {
+        Rc::new(|| SimInstant::now().since_start().as_millis() as i64)
+    }
+    fn factory(self: &Rc<Self>, _group: GroupId) -> Factory {
+        Factory {
+            node: self.node,
+            net: self.net.clone(),
+        }
+    }
+    fn register(
+        &self,
+        _group: GroupId,
+        raft: HostRaft<Self>,
+        _log: Rc<Log<SimFs>>,
+    ) -> Result<(), GroupTaken> {
+        self.net.set_raft(self.node, Some(raft));
+        Ok(())
+    }
+    fn unregister(&self, _group: GroupId) {
+        self.net.set_raft(self.node, None);
+    }
+    fn hold_votes(&self, _group: GroupId) {
+        self.net.hold_votes(self.node);
+    }
+    fn handing_over(&self, _group: GroupId, _term: u64) -> bool {
+        false
+    }
+    fn elect(&self, _group: GroupId, _to: u64) -> LocalBoxFuture<'_, Handover> {
+        async { Handover::NotLeader }.boxed_local()
+    }
+    fn log_start(
+        &self,
+        _node_id: u64,
+        _group: GroupId,
+        _ttl: Duration,
+    ) -> LocalBoxFuture<'_, Result<i64, String>> {
+        async { Err("no log-start queries in the simulation".to_string()) }.boxed_local()
+    }
+    fn liveness(&self, _node_id: u64, _group: GroupId, _within: Duration) -> (bool, u64) {
+        (true, 0)
+    }
+    fn heard(&self, _group: GroupId) -> Option<At<Self>> {
+        None
+    }
+    fn followed_by(&self, _group: GroupId, _term: u64, _followers: usize) -> Option<At<Self>> {
+        None
+    }
+    fn mute(&self, _group: GroupId, muted: bool) {
+        self.net.mute(self.node, muted);
+    }
+    fn write_responder() -> (WriteResponderOf<SimRaft>, WriteReceiver<Self>) {
+        ProgressResponder::complete_only()
+    }
+    fn applied(&self, entry: &Entry, base_offset: Option<i64>) {
+        let (node, index) = (self.node, entry.log_id.index);
+        match base_offset {
+            Some(offset) => self
+                .checker
+                .applied(node, entry.log_id, record_of(entry), offset),
+            None => self
+                .checker
+                .violation(format!("node {node} applied entry {index}, not in its log")),
+        }
+    }
+}
+
+/// A running node's partition: its replica, log, and the leader's producer state (what
+/// `Partition` holds).
+struct Node {
+    replica: Rc<Replica<SimHost>>,
+    log: Rc<Log<SimFs>>,
+    producers: RefCell<ProducerStates>,
+}
+
+/// The broker's replica on every node (see the module doc).
+#[derive(Debug)]
+pub struct ReplicaMode {
+    /// Undoes the fix of issue 17's defect c (`raft::unfix`), to show the checker finds it.
+    pub unfix_c: bool,
+    nodes: Rc<RefCell<BTreeMap<NodeId, Rc<Node>>>>,
+}
+
+impl ReplicaMode {
+    /// `unfix_c` undoes the fix of issue 17's defect c (see the field).
+    pub fn new(unfix_c: bool) -> ReplicaMode {
+        ReplicaMode {
+            unfix_c,
+            nodes: Rc::default(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Node")
+    }
+}
+
+impl Mode for ReplicaMode {
+    fn start(&self, ctx: NodeCtx) -> LocalBoxFuture<'static, ()> {
+        let nodes = self.nodes.clone();
+        unfix::set_offsets_confirm_duplicates(self.unfix_c);
+        async move {
+            let NodeCtx {
+                node,
+                disk,
+                net,
+                checker,
+                stores,
+                check_quorum,
+                ..
+            } = ctx;
+            let host = Rc::new(SimHost {
+                node,
+                net: net.clone(),
+                disk: disk.clone(),
+                checker: checker.clone(),
+            });
+            let replicas: Vec<i32> = NODES.iter().map(|&n| n as i32).collect();
+            let placement = Placement {
+                node_id: node as i32,
+                replicas: &replicas,
+                addrs: &BTreeMap::new(),
+                group: GROUP,
+                lag_max: Duration::from_secs(10),
+                log_start_asked: Rc::default(),
+                transport: &host,
+            };
+            let opened = Replica::open(Path::new(DIR), ferrolog_raft::sim::log_config(), placement);
+            let (log, replica) = match opened.await {
+                Ok(opened) => opened,
+                // A disk that failed meanwhile fails the open; the node stays down until the
+                // disk is mended.
+                Err(_) if disk.failed() => return,
+                Err(e) => {
+                    checker.violation(format!("unopenable: node {node}'s replica: {e}"));
+                    return;
+                }
+            };
+            let replica = Rc::new(replica);
+            stores
+                .borrow_mut()
+                .insert(node, (replica.view.reader(), replica.view.clone()));
+            let raft = replica.raft.clone();
+            let view = replica.view.clone();
+            spawn_on(
+                node,
+                retention(raft.clone(), view, log.clone(), checker, RETENTION_KEEPS),
+            );
+            nodes.borrow_mut().insert(
+                node,
+                Rc::new(Node {
+                    replica,
+                    log,
+                    producers: RefCell::default(),
+                }),
+            );
+            if check_quorum {
+                tend(node, raft, net).await;
+            }
+        }
+        .boxed_local()
+    }
+
+    fn client(&self, id: u32, ctx: ClientCtx) -> LocalBoxFuture<'static, ()> {
+        producer(id, ctx, self.nodes.clone()).boxed_local()
+    }
+
+    fn crashed(&self, node: NodeId) {
+        self.nodes.borrow_mut().remove(&node);
+    }
+
+    fn self_initializing(&self) -> bool {
+        // The first replica of a new partition initializes its group (`Replica::open`).
+        true
+    }
+
+    fn flag(&self) -> &'static str {
+        match self.unfix_c {
+            true => "--replica --unfix c",
+            false => "--replica",
+        }
+    }
+}
+
+/// A produce request for one validated batch, on the node: `Partition::append`'s path once
+/// the batch is validated, with acks=all.
+async fn produce(
+    node: Rc<Node>,
+    bytes: Bytes,
+    header: BatchHeader,
+) -> Result<Appended, BrokerError> {
+    node.replica.ready(&node.producers, node.log.end_offset())?;
+    let check = node.producers.borrow().check(&header);
+    match check {
+        SequenceCheck::Accept => {
+            let (_, _, commit) = node.replica.propose(&node.producers, bytes, &header, -1);
+            commit.await
+        }
+        SequenceCheck::Duplicate {
+            base_offset,
+            timestamp,
+        } => {
+            let appended = Appended {
+                base_offset,
+                end_offset: base_offset + i64::from(header.record_count),
+                log_append_time_ms: timestamp,
+                duplicate: true,
+            };
+            let replica = node.replica.clone();
+            replica.confirm_duplicate(header, appended).await
+        }
+        // A leader deposed without knowing it yet (cut off from its group) has not seen the
+        // batches the new leader took, and refuses the producer's next one as out of order,
+        // as a zombie Kafka leader does. The client would fail that batch and start a new
+        // epoch; here it retries it elsewhere: the refusal is this simulation's checker's to
+        // report only from a leader that holds its lease.
+        SequenceCheck::OutOfOrder => {
+            node.replica.read_lease().await?;
+            Err(BrokerError::OutOfOrderSequence)
+        }
+        SequenceCheck::StaleEpoch => Err(BrokerError::InvalidProducerEpoch),
+    }
+}
+
+/// The batch of `record` as idempotent producer `producer_id` (epoch 0) sends it, starting at
+/// sequence `sequence`; the record's identity is in its timestamp (`batch_of`).
+fn idempotent_batch(record: Record, producer_id: i64, sequence: i32) -> (Bytes, BatchHeader) {
+    let mut bytes = batch_of(record).0.to_vec();
+    bytes[43..51].copy_from_slice(&producer_id.to_be_bytes());
+    bytes[51..53].copy_from_slice(&0i16.to_be_bytes());
+    bytes[53..57].copy_from_slice(&sequence.to_be_bytes());
+    let crc = batch::compute_crc(&bytes);
+    bytes[17..21].copy_from_slice(&crc.to_be_bytes());
+    let header = batch::verify(&bytes).expect("a valid batch");
+    (Bytes::from(bytes), header)
+}
+
+/// An idempotent producer: sends its batches one at a time to the node it believes leads,
+/// and retries each, unchanged, until it is acknowledged.
+async fn producer(id: u32, ctx: ClientCtx, nodes: Rc<RefCell<BTreeMap<NodeId, Rc<Node>>>>) {
+    let ClientCtx {
+        checker,
+        stop,
+        last_ack,
+        ..
+    } = ctx;
+    let producer_id = 1000 + i64::from(id);
+    let random_node = || NODES[(random_u64() % NODES.len() as u64) as usize];
+    let mut target = NODES[id as usize % NODES.len()];
+    let (mut seq, mut sequence) = (0u32, 0i32);
+    while !stop.get() {
+        let record = Record { client: id, seq };
+        let (bytes, header) = idempotent_batch(record, producer_id, sequence);
+        while !stop.get() {
+            let node = nodes.borrow().get(&target).cloned();
+            let (tx, rx) = futures::channel::oneshot::channel();
+            if let Some(node) = node.clone() {
+                let (bytes, header) = (bytes.clone(), header);
+                spawn_on(target, async move {
+                    let _ = tx.send(produce(node, bytes, header).await);
+                });
+            }
+            let timeout = Duration::from_millis(300 + random_u64() % 2700);
+            let answer = SimRuntime::timeout(timeout, rx).await;
+            match answer {
+                Ok(Ok(Ok(appended))) => {
+                    checker.acked_at(record, appended.base_offset);
+                    last_ack.set(SimInstant::now());
+                    break;
+                }
+                Ok(Ok(Err(
+                    e @ (BrokerError::OutOfOrderSequence | BrokerError::InvalidProducerEpoch),
+                ))) => {
+                    checker.violation(format!(
+                        "refused: {record} (sequence {sequence}) refused by node {target}: {e}"
+                    ));
+                    return;
+                }
+                Ok(Ok(Err(BrokerError::NotLeaderOrFollower))) => {
+                    // A client refreshes its metadata: the node names the leader it knows.
+                    let hint = node.and_then(|n| n.replica.leader()).map(|l| l as NodeId);
+                    target = hint.filter(|&l| l != target).unwrap_or_else(random_node);
+                    SimRuntime::sleep(Duration::from_millis(10)).await;
+                }
+                _ => {
+                    target = random_node();
+                    SimRuntime::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+        seq += 1;
+        sequence += header.record_count;
+        SimRuntime::sleep(Duration::from_millis(random_u64() % 20)).await;
+    }
+}

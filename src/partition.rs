@@ -285,7 +285,8 @@ impl Partition {
                 // once this very batch is (`Replication::duplicate`).
                 return Ok(self.replication.duplicate(&header, appended));
             }
-            SequenceCheck::OutOfOrder => return Err(BrokerError::OutOfOrderSequence),
+            // Only once a Raft leader shows it still leads (`Replication::out_of_order`).
+            SequenceCheck::OutOfOrder => return Ok(self.replication.out_of_order()),
             SequenceCheck::StaleEpoch => return Err(BrokerError::InvalidProducerEpoch),
         }
         let mut bytes = BytesMut::from(&records[..]);

@@ -6,28 +6,35 @@
 //! What it adds to the bare world:
 //! - each node hosts a `Replica` on a simulated host (`SimHost`): the Raft transport is the
 //!   simulated network, the disk the node's simulated disk, the clock simulated time;
-//! - a produce request takes the broker's path (`produce`, as `Partition::append` does once
-//!   a batch is validated): the leader's readiness check, the idempotent-producer sequence
-//!   check, then a new proposal (`Replica::propose`) or a retry's confirmation
-//!   (`Replica::confirm_duplicate`);
+//! - a produce request takes the broker's path (`produce`, as the produce handler and
+//!   `Partition::append` do once a batch is validated): the log's failure, the leader's
+//!   readiness, the idempotent-producer sequence check, then a new proposal
+//!   (`Replica::propose`), a retry's confirmation (`Replica::confirm_duplicate`) or an
+//!   out-of-sequence refusal once the leader shows its lease
+//!   (`Replica::confirm_out_of_order`); requests and answers take the network's delay, now
+//!   and then seconds, so an original may arrive after its own retry;
 //! - clients are idempotent producers, one batch in flight each, that retry a batch until it
 //!   is acknowledged (after an error, or a timeout drawn per attempt, 0.3 to 3 s, as a client
 //!   with a short `request.timeout.ms` would), so retries meet their originals in every
 //!   state.
 //!
-//! The checkers are the bare world's, plus two: an acknowledgement names a Kafka offset, and
-//! the batch must have been applied there (`Checker::acked_at`: a retry confirmed at offsets
-//! that hold another batch is "misreported"); and a record applied at two indexes is a
-//! duplicate the producer state let through.
+//! The checkers are the bare world's, plus three: an acknowledgement names a Kafka offset,
+//! and the batch must have been applied there (`Checker::acked_at`: a retry confirmed at
+//! offsets that hold another batch is "misreported"); a record applied at two indexes is a
+//! duplicate the producer state let through; and an answer a correct broker never gives to
+//! these batches (out of sequence from a leader with a lease, anything but a retriable
+//! error) is "refused".
 //!
 //! Not simulated yet: quiescence and the coalesced beats (`Replica::tend`; leaders run check
 //! quorum as the bare world does), preferred-leader handovers, DeleteRecords' log-start
-//! entries, reads and their lease, the controller and the group coordinator.
+//! entries, Fetch and ListOffsets (the read lease is exercised only through out-of-sequence
+//! refusals), the controller and the group coordinator.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -37,7 +44,7 @@ use ferrolog_raft::network::GroupTaken;
 use ferrolog_raft::openraft::async_runtime::Instant as _;
 use ferrolog_raft::openraft::impls::ProgressResponder;
 use ferrolog_raft::openraft::type_config::alias::WriteResponderOf;
-use ferrolog_raft::openraft::AsyncRuntime;
+use ferrolog_raft::openraft::{self, AsyncRuntime};
 use ferrolog_raft::sim::fs::SimFs;
 use ferrolog_raft::sim::net::{Factory, Net};
 use ferrolog_raft::sim::runtime::{random_u64, spawn_on, NodeId, SimInstant, SimRuntime};
@@ -69,6 +76,7 @@ const RETENTION_KEEPS: u64 = 300;
 /// A node's host: the simulated network, disk and clock.
 struct SimHost {
     node: NodeId,
+    config: Arc<openraft::Config>,
     net: Rc<Net>,
     disk: SimFs,
     checker: Rc<Checker>,
@@ -79,6 +87,9 @@ impl Host for SimHost {
     type Fs = SimFs;
     type Network = Factory;
 
+    fn raft_config(&self) -> Arc<openraft::Config> {
+        self.config.clone()
+    }
     fn fs(&self) -> SimFs {
         self.disk.clone()
     }
@@ -191,11 +202,13 @@ impl Mode for ReplicaMode {
                 net,
                 checker,
                 stores,
+                config,
                 check_quorum,
                 ..
             } = ctx;
             let host = Rc::new(SimHost {
                 node,
+                config,
                 net: net.clone(),
                 disk: disk.clone(),
                 checker: checker.clone(),
@@ -267,13 +280,18 @@ impl Mode for ReplicaMode {
     }
 }
 
-/// A produce request for one validated batch, on the node: `Partition::append`'s path once
-/// the batch is validated, with acks=all.
+/// A produce request for one validated batch, on the node, with acks=all: the produce
+/// handler's and `Partition::append`'s path once the batch is validated (the log's failure,
+/// the leader's readiness, the sequence check, then a new proposal, a retry's confirmation,
+/// or a refusal that waits for the leader's lease).
 async fn produce(
     node: Rc<Node>,
     bytes: Bytes,
     header: BatchHeader,
 ) -> Result<Appended, BrokerError> {
+    if let Some(e) = node.log.failure() {
+        return Err(BrokerError::Storage(e.to_string()));
+    }
     node.replica.ready(&node.producers, node.log.end_offset())?;
     let check = node.producers.borrow().check(&header);
     match check {
@@ -294,17 +312,19 @@ async fn produce(
             let replica = node.replica.clone();
             replica.confirm_duplicate(header, appended).await
         }
-        // A leader deposed without knowing it yet (cut off from its group) has not seen the
-        // batches the new leader took, and refuses the producer's next one as out of order,
-        // as a zombie Kafka leader does. The client would fail that batch and start a new
-        // epoch; here it retries it elsewhere: the refusal is this simulation's checker's to
-        // report only from a leader that holds its lease.
-        SequenceCheck::OutOfOrder => {
-            node.replica.read_lease().await?;
-            Err(BrokerError::OutOfOrderSequence)
-        }
+        SequenceCheck::OutOfOrder => Err(node.replica.clone().confirm_out_of_order().await),
         SequenceCheck::StaleEpoch => Err(BrokerError::InvalidProducerEpoch),
     }
+}
+
+/// How long a produce request or its answer takes on the way: the network's delay, and now
+/// and then (1 in 20) up to 4 s, so an original may reach its leader after its own retry.
+fn network_delay(net: &Net) -> Duration {
+    let max = match random_u64() % 20 {
+        0 => Duration::from_secs(4),
+        _ => net.weather.delay_max,
+    };
+    Duration::from_nanos(random_u64() % (max.as_nanos() as u64 + 1))
 }
 
 /// The batch of `record` as idempotent producer `producer_id` (epoch 0) sends it, starting at
@@ -321,13 +341,15 @@ fn idempotent_batch(record: Record, producer_id: i64, sequence: i32) -> (Bytes, 
 }
 
 /// An idempotent producer: sends its batches one at a time to the node it believes leads,
-/// and retries each, unchanged, until it is acknowledged.
+/// and retries each, unchanged, until it is acknowledged. What a Kafka producer retries
+/// (NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT, KAFKA_STORAGE_ERROR, no answer) it retries;
+/// any other answer is a violation (a correct broker gives none to these batches).
 async fn producer(id: u32, ctx: ClientCtx, nodes: Rc<RefCell<BTreeMap<NodeId, Rc<Node>>>>) {
     let ClientCtx {
+        net,
         checker,
         stop,
         last_ack,
-        ..
     } = ctx;
     let producer_id = 1000 + i64::from(id);
     let random_node = || NODES[(random_u64() % NODES.len() as u64) as usize];
@@ -340,9 +362,12 @@ async fn producer(id: u32, ctx: ClientCtx, nodes: Rc<RefCell<BTreeMap<NodeId, Rc
             let node = nodes.borrow().get(&target).cloned();
             let (tx, rx) = futures::channel::oneshot::channel();
             if let Some(node) = node.clone() {
-                let (bytes, header) = (bytes.clone(), header);
+                let (bytes, net) = (bytes.clone(), net.clone());
                 spawn_on(target, async move {
-                    let _ = tx.send(produce(node, bytes, header).await);
+                    SimRuntime::sleep(network_delay(&net)).await;
+                    let answer = produce(node, bytes, header).await;
+                    SimRuntime::sleep(network_delay(&net)).await;
+                    let _ = tx.send(answer);
                 });
             }
             let timeout = Duration::from_millis(300 + random_u64() % 2700);
@@ -353,23 +378,23 @@ async fn producer(id: u32, ctx: ClientCtx, nodes: Rc<RefCell<BTreeMap<NodeId, Rc
                     last_ack.set(SimInstant::now());
                     break;
                 }
-                Ok(Ok(Err(
-                    e @ (BrokerError::OutOfOrderSequence | BrokerError::InvalidProducerEpoch),
-                ))) => {
-                    checker.violation(format!(
-                        "refused: {record} (sequence {sequence}) refused by node {target}: {e}"
-                    ));
-                    return;
-                }
                 Ok(Ok(Err(BrokerError::NotLeaderOrFollower))) => {
                     // A client refreshes its metadata: the node names the leader it knows.
                     let hint = node.and_then(|n| n.replica.leader()).map(|l| l as NodeId);
                     target = hint.filter(|&l| l != target).unwrap_or_else(random_node);
                     SimRuntime::sleep(Duration::from_millis(10)).await;
                 }
-                _ => {
+                Ok(Ok(Err(BrokerError::RequestTimedOut(_) | BrokerError::Storage(_))))
+                | Ok(Err(_))
+                | Err(_) => {
                     target = random_node();
                     SimRuntime::sleep(Duration::from_millis(50)).await;
+                }
+                Ok(Ok(Err(e))) => {
+                    checker.violation(format!(
+                        "refused: {record} (sequence {sequence}) refused by node {target}: {e}"
+                    ));
+                    return;
                 }
             }
         }

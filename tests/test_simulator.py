@@ -99,6 +99,16 @@ def test_undoing_fix_c_is_found_and_replayed():
     assert fixed.returncode == 0, fixed.stdout[-3000:]
 
 
+def test_a_deposed_leader_does_not_refuse_the_next_batch_as_out_of_sequence():
+    # Found by --replica: node 1, cut off from its group and deposed without knowing it,
+    # had not seen the batches its successor took, and answered a producer's next batch
+    # OUT_OF_ORDER_SEQUENCE_NUMBER (the client fails the batch for good) until a leader
+    # had to show its lease first; it now answers NOT_LEADER_OR_FOLLOWER.
+    run = simulate(["scripts/simulate.sh", "--replica", "--seed", "333", "--keep", "0,1,2,3"])
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert re.search(r"seed 333: ok, \d+ acks, 4 faults", run.stdout), run.stdout[-3000:]
+
+
 # Each fix of the Raft store undone, a seed that finds it, and what the checker reports.
 UNFIXED_STORE = {
     # A purge point recorded before the batches below it are on disk: a node whose log lost

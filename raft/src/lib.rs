@@ -17,7 +17,8 @@
 //! - [`wire`] and [`network`]: Raft traffic between nodes, every group of a shard over one
 //!   connection per peer, with writes coalesced.
 //! - [`sim`]: a deterministic simulator of one partition group under network, disk and
-//!   process faults, seeded and shrinking (binary `ferrolog-sim`, `scripts/simulate.sh`).
+//!   process faults, seeded and shrinking (run by the broker crate's binary `ferrolog-sim`,
+//!   `scripts/simulate.sh`, which can also put the broker's whole replica in it).
 //!
 //! Choices forced by openraft, and what they mean for Kafka semantics:
 //! - Leader ids are openraft's "standard" ones (one leader per term), so an entry's id is

@@ -7,6 +7,7 @@
 //! network, so the code that answers producers is the code the simulator runs.
 
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ferrolog_io::{Fs, GlommioFs, Log};
@@ -16,7 +17,7 @@ use ferrolog_raft::openraft::impls::ProgressResponder;
 use ferrolog_raft::openraft::network::{NetSnapshot, RaftNetworkFactory};
 use ferrolog_raft::openraft::raft::ClientWriteResult;
 use ferrolog_raft::openraft::type_config::alias::{OneshotReceiverOf, WriteResponderOf};
-use ferrolog_raft::openraft::{AsyncRuntime, Raft, RaftTypeConfig};
+use ferrolog_raft::openraft::{self, AsyncRuntime, Raft, RaftTypeConfig};
 use ferrolog_raft::state_machine::{NextOffset, PartitionStateMachine};
 use ferrolog_raft::store::{Clock, PartitionTypes};
 use ferrolog_raft::wire::{GroupId, Handover};
@@ -46,6 +47,13 @@ pub trait Host: 'static {
         Network: NetSnapshot<Self::Raft, SnapshotData = NextOffset>,
     >;
 
+    /// The openraft config of partition groups (`ferrolog_raft::partition_config`; with
+    /// Pre-Vote, a replica that missed its leader's beats or restarted does not bump the
+    /// term under a live leader, as the transport refuses Pre-Votes while the group hears
+    /// from its leader).
+    fn raft_config(&self) -> Arc<openraft::Config> {
+        ferrolog_raft::partition_config()
+    }
     /// The disk partition logs are kept on.
     fn fs(&self) -> Self::Fs;
     /// Wall-clock milliseconds, for the log's timestamps.

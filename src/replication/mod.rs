@@ -30,6 +30,7 @@ use ferrolog_io::batch::BatchHeader;
 use ferrolog_io::{Log, LogConfig, LogError};
 use ferrolog_raft::wire::Handover;
 use futures::future::LocalBoxFuture;
+use futures::FutureExt;
 
 use crate::config::TopicSettings;
 use crate::errors::BrokerError;
@@ -59,6 +60,8 @@ pub struct AppendStep(Step);
 enum Step {
     /// In the local log.
     Local(Appended),
+    /// Refused, once the refusal is sure (`Replication::out_of_order`).
+    Refused(LocalBoxFuture<'static, BrokerError>),
     /// Proposed to the Raft group: `commit` resolves once it is committed (the proposal is
     /// under way whether or not anyone waits). `reserved`: where the leader's producer state
     /// has it (a duplicate: where it already is); `crc`: the batch's CRC, which tells it
@@ -84,6 +87,7 @@ impl AppendStep {
                 Ok(appended)
             }
             Step::Local(appended) => Ok(appended),
+            Step::Refused(refusal) => Err(refusal.await),
             Step::Raft { commit, .. } if durable => commit.await,
             Step::Raft {
                 reserved,
@@ -275,6 +279,20 @@ impl Replication {
                 commit: r.clone().confirm_duplicate(*header, appended),
             },
         })
+    }
+
+    /// A batch whose sequence number does not follow the producer's last one:
+    /// OUT_OF_ORDER_SEQUENCE_NUMBER, which fails the batch for good at the client. A Raft
+    /// leader says so only while it holds a current lease in the term its producer state is
+    /// of: one deposed without knowing it yet (cut off from its group) has not seen the
+    /// batches its successor took, and answers NOT_LEADER_OR_FOLLOWER instead, so the
+    /// producer finds the new leader, where its batch is in sequence. (A zombie Kafka leader
+    /// answers OUT_OF_ORDER_SEQUENCE_NUMBER there.)
+    pub fn out_of_order(&self) -> AppendStep {
+        AppendStep(Step::Refused(match self {
+            Replication::Local(_) => async { BrokerError::OutOfOrderSequence }.boxed_local(),
+            Replication::Raft(r) => r.clone().confirm_out_of_order(),
+        }))
     }
 
     /// Moves the log start to `offset` (at or below the HW) and returns it. Raft (the leader

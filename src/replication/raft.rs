@@ -39,7 +39,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::Path;
 use std::rc::Rc;
-use std::sync::Arc;
 use std::time::Duration;
 
 use ferrolog_io::batch::BatchHeader;
@@ -112,13 +111,6 @@ pub fn group_id(topic_id: &Uuid, raft_number: Option<u32>, partition: i32) -> Gr
             GroupId(PARTITION_GROUP | hi << 32 | lo)
         }
     }
-}
-
-fn raft_config() -> Arc<openraft::Config> {
-    // With Pre-Vote, a replica that missed its leader's beats (or restarted) does not bump
-    // the term under a live leader: the transport refuses Pre-Votes while the group hears
-    // from its leader.
-    ferrolog_raft::partition_config()
 }
 
 /// How often the leader samples its log end for the ISR at most (see `Replica::end_sample`),
@@ -324,7 +316,7 @@ impl<H: Host> Replica<H> {
         };
         let raft = Raft::new(
             node_id as u64,
-            raft_config(),
+            transport.raft_config(),
             transport.factory(group),
             store,
             PartitionStateMachine::open(view.clone(), hook)?,
@@ -932,6 +924,23 @@ impl<H: Host> Replica<H> {
                 futures::future::Either::Right(_) => return Err(BrokerError::NotLeaderOrFollower),
             }
         }
+    }
+
+    /// Answers a batch the producer state found out of sequence (`Replication::out_of_order`):
+    /// OUT_OF_ORDER_SEQUENCE_NUMBER once this leader shows a current lease, in the term it
+    /// checked the batch in; else NOT_LEADER_OR_FOLLOWER.
+    pub fn confirm_out_of_order(self: Rc<Self>) -> LocalBoxFuture<'static, BrokerError> {
+        let term = self.raft.metrics().borrow_watched().current_term;
+        async move {
+            let lease = self.read_lease().await;
+            let current = self.raft.metrics().borrow_watched().current_term;
+            match lease {
+                Ok(()) if current == term => BrokerError::OutOfOrderSequence,
+                Ok(()) => BrokerError::NotLeaderOrFollower,
+                Err(e) => e,
+            }
+        }
+        .boxed_local()
     }
 
     /// The in-sync replicas as the leader sees them: itself and the followers that had its

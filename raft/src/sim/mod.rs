@@ -14,8 +14,12 @@
 //! - [`store`]: a node's state machine (it reports what it applies to the checker), and the
 //!   batches the clients write.
 //!
-//! The workload is three acks=all clients; each record is written once and never retried,
-//! so a record applied twice is a duplicate made by replication. The checkers:
+//! What runs on the nodes and how the clients write is a [`Mode`]. In [`Bare`] each node runs
+//! openraft over the store, and the workload is three acks=all clients; each record is
+//! written once and never retried, so a record applied twice is a duplicate made by
+//! replication. (ferrolog's replica simulator, `ferrolog-sim --replica`, runs the broker's
+//! whole partition replica instead, written by idempotent producers that retry.) The
+//! checkers:
 //! - replicas never differ: an index is applied with one log id and one record everywhere;
 //! - no record is applied at two indexes;
 //! - no node's applied index goes backwards;
@@ -45,10 +49,9 @@
 //!
 //! [`log_world`] is a second world: io/'s real `Log` alone on a simulated disk, with more
 //! concurrency against it than a Raft store makes (a retention timer, a purger, readers),
-//! killed and powered off at random and read back after every restart. What neither covers
-//! yet: the rest of the broker's `Replica` (Kafka offsets, producer state, quiescence and
-//! beats, reads and their lease, DeleteRecords' log-start entries), the controller and the
-//! group coordinator.
+//! killed and powered off at random and read back after every restart. What no world covers
+//! yet: the broker's quiescence and beats, DeleteRecords' log-start entries, the controller's
+//! metadata and the group coordinator.
 
 pub mod fs;
 pub mod log_world;

@@ -130,6 +130,53 @@ impl ProducerStates {
     }
 }
 
+impl ProducerStates {
+    /// What a Raft snapshot ending at `offset` carries: each producer's batches below it (a
+    /// producer keeps batches of its current epoch only). The entries after the snapshot
+    /// are applied again on top of it, which gives this state back; before they are, a
+    /// replica takes no produce requests (`Replica::ready`).
+    pub fn below(&self, offset: i64) -> ProducerStates {
+        let producers = self
+            .producers
+            .iter()
+            .filter_map(|(&id, entry)| {
+                let batches: VecDeque<BatchMeta> = entry
+                    .batches
+                    .iter()
+                    .filter(|b| b.base_offset < offset)
+                    .copied()
+                    .collect();
+                batches.back()?;
+                let entry = ProducerEntry {
+                    epoch: entry.epoch,
+                    batches,
+                    last_used: entry.last_used,
+                };
+                Some((id, entry))
+            })
+            .collect();
+        ProducerStates {
+            producers,
+            clock: self.clock,
+        }
+    }
+
+    /// The state as a Raft snapshot carries it.
+    pub fn encode(&self) -> bytes::Bytes {
+        serde_json::to_vec(self)
+            .expect("producer state serialises")
+            .into()
+    }
+
+    /// The state a Raft snapshot carries: none for one taken before snapshots carried it.
+    pub fn decode(bytes: &[u8]) -> Result<ProducerStates, serde_json::Error> {
+        match bytes.is_empty() {
+            true => Ok(ProducerStates::default()),
+            false => serde_json::from_slice(bytes),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,5 +241,62 @@ mod tests {
         let mut s = ProducerStates::default();
         s.record(&h(2, 0, i32::MAX, 1, 0));
         assert_eq!(s.check(&h(2, 0, 0, 1, 1)), SequenceCheck::Accept);
+    }
+
+    /// A Raft snapshot carries the state below its end (`below`): applying the entries after
+    /// it again on top gives back the state the node had.
+    #[test]
+    fn the_state_below_an_offset_plus_the_batches_after_it_is_the_whole_state() {
+        let mut s = ProducerStates::default();
+        // Producer 1: epoch 0 at offsets 0 and 3, then epoch 1 from offset 10 (which drops
+        // its epoch 0 batches); producer 4 straddles offset 10 in one epoch.
+        let p1 = [
+            h(1, 0, 0, 3, 0),
+            h(1, 0, 3, 2, 3),
+            h(1, 1, 0, 1, 10),
+            h(1, 1, 1, 1, 11),
+        ];
+        let p4 = [h(4, 2, 0, 2, 6), h(4, 2, 2, 1, 13)];
+        // Producer 2 writes only after the snapshot's end; producer 3 only before.
+        let (p2, p3) = (h(2, 0, 0, 1, 12), h(3, 0, 7, 1, 5));
+        for b in p1.iter().chain([&p3, &p4[0], &p2, &p4[1]]) {
+            s.record(b);
+        }
+        let below = s.below(10);
+        let dup = |base_offset| SequenceCheck::Duplicate {
+            base_offset,
+            timestamp: 7,
+        };
+        assert_eq!(below.check(&h(3, 0, 7, 1, 0)), dup(5));
+        assert_eq!(below.check(&h(4, 2, 0, 2, 0)), dup(6));
+        assert_eq!(
+            below.check(&h(4, 2, 2, 1, 0)),
+            SequenceCheck::Accept,
+            "4's next"
+        );
+        assert_eq!(
+            below.check(&h(2, 0, 9, 1, 0)),
+            SequenceCheck::Accept,
+            "2 unknown"
+        );
+        let mut again = ProducerStates::decode(&below.encode()).expect("decodes");
+        for b in [&p1[2], &p1[3], &p2] {
+            again.record(b);
+        }
+        for probe in [
+            h(1, 1, 1, 1, 0),
+            h(1, 1, 2, 1, 0),
+            h(1, 0, 0, 3, 0),
+            h(2, 0, 0, 1, 0),
+            h(2, 0, 1, 1, 0),
+            h(3, 0, 8, 1, 0),
+        ] {
+            assert_eq!(again.check(&probe), s.check(&probe), "{probe:?}");
+        }
+        assert!(ProducerStates::decode(b"")
+            .expect("none")
+            .producers
+            .is_empty());
+        assert!(ProducerStates::decode(b"{").is_err());
     }
 }

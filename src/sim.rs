@@ -68,11 +68,6 @@ use ferrolog_io::Log;
 /// The simulated partition's group id.
 const GROUP: GroupId = GroupId(1 << 63 | 1);
 
-/// Retention keeps at least this many entries: the producer state of purged batches is gone
-/// after a restart (issue 17's notes), and a batch whose retry comes after that would be
-/// appended again; a tail this long outlasts every retry of the simulation's clients.
-const RETENTION_KEEPS: u64 = 300;
-
 /// A node's host: the simulated network, disk and clock.
 struct SimHost {
     node: NodeId,
@@ -167,21 +162,31 @@ struct Node {
     producers: RefCell<ProducerStates>,
 }
 
+/// The fixes `--replica` can undo (`raft::unfix`), to show the checker finds each defect:
+/// `c`, issue 17's defect c (a retry confirmed by its original's offsets alone);
+/// `producers`, snapshots without the producer state; `lease`, a refusal out of sequence
+/// without the leader's lease.
+pub const UNFIXES: [&str; 3] = ["c", "producers", "lease"];
+
 /// The broker's replica on every node (see the module doc).
 #[derive(Debug)]
 pub struct ReplicaMode {
-    /// Undoes the fix of issue 17's defect c (`raft::unfix`), to show the checker finds it.
-    pub unfix_c: bool,
+    /// Which of `UNFIXES` are undone.
+    unfixed: Vec<&'static str>,
     nodes: Rc<RefCell<BTreeMap<NodeId, Rc<Node>>>>,
 }
 
 impl ReplicaMode {
-    /// `unfix_c` undoes the fix of issue 17's defect c (see the field).
-    pub fn new(unfix_c: bool) -> ReplicaMode {
-        ReplicaMode {
-            unfix_c,
+    /// Undoes the fixes named in `unfix` (each one of `UNFIXES`, else None).
+    pub fn new(unfix: &[&str]) -> Option<ReplicaMode> {
+        let unfixed = unfix
+            .iter()
+            .map(|u| UNFIXES.iter().copied().find(|k| k == u))
+            .collect::<Option<Vec<_>>>()?;
+        Some(ReplicaMode {
+            unfixed,
             nodes: Rc::default(),
-        }
+        })
     }
 }
 
@@ -194,7 +199,10 @@ impl std::fmt::Debug for Node {
 impl Mode for ReplicaMode {
     fn start(&self, ctx: NodeCtx) -> LocalBoxFuture<'static, ()> {
         let nodes = self.nodes.clone();
-        unfix::set_offsets_confirm_duplicates(self.unfix_c);
+        let undone = |fix| self.unfixed.contains(&fix);
+        unfix::set_offsets_confirm_duplicates(undone("c"));
+        unfix::set_snapshots_without_producers(undone("producers"));
+        unfix::set_out_of_order_without_lease(undone("lease"));
         async move {
             let NodeCtx {
                 node,
@@ -240,10 +248,7 @@ impl Mode for ReplicaMode {
                 .insert(node, (replica.view.reader(), replica.view.clone()));
             let raft = replica.raft.clone();
             let view = replica.view.clone();
-            spawn_on(
-                node,
-                retention(raft.clone(), view, log.clone(), checker, RETENTION_KEEPS),
-            );
+            spawn_on(node, retention(raft.clone(), view, log.clone(), checker));
             nodes.borrow_mut().insert(
                 node,
                 Rc::new(Node {
@@ -272,11 +277,13 @@ impl Mode for ReplicaMode {
         true
     }
 
-    fn flag(&self) -> &'static str {
-        match self.unfix_c {
-            true => "--replica --unfix c",
-            false => "--replica",
-        }
+    fn flags(&self) -> String {
+        let unfix: String = self
+            .unfixed
+            .iter()
+            .map(|u| format!(" --unfix {u}"))
+            .collect();
+        format!("--replica{unfix}")
     }
 }
 

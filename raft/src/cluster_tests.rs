@@ -126,7 +126,12 @@ async fn run_node(
         .await
         .expect("open store");
         let (log, view) = (store.log().clone(), store.view());
-        let sm = PartitionStateMachine::open(store.view(), Box::new(|_| {})).expect("open sm");
+        let sm = PartitionStateMachine::open(
+            store.view(),
+            Box::new(|_| {}),
+            Box::new(|_| Default::default()),
+        )
+        .expect("open sm");
         let raft = Raft::new(id, config.clone(), transport.factory(group), store, sm)
             .await
             .expect("start raft");

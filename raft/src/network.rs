@@ -50,7 +50,7 @@ use openraft::raft::{
 use openraft::{AsyncRuntime, BasicNode, Raft, Snapshot};
 use tokio::sync::{oneshot, Notify, Semaphore};
 
-use crate::state_machine::{NextOffset, PartitionStateMachine};
+use crate::state_machine::{PartitionStateMachine, SnapshotData};
 use crate::store::Vote;
 use crate::wire::{self, Frame, GroupId, Handover, Message, Meta};
 use crate::{GlommioRuntime, PartitionRaft};
@@ -740,14 +740,10 @@ impl Transport {
                     Err(e) => Message::Failed(e.to_string()),
                 }
             }
-            Message::Snapshot {
-                vote,
-                meta,
-                next_offset,
-            } => {
+            Message::Snapshot { vote, meta, data } => {
                 let snapshot = Snapshot {
                     meta,
-                    snapshot: NextOffset(next_offset),
+                    snapshot: data,
                 };
                 match raft.install_full_snapshot(vote, snapshot).await {
                     Ok(reply) => Message::SnapshotReply(reply),
@@ -1103,7 +1099,7 @@ fn wrong_reply(reply: Message) -> NetworkError<PartitionRaft> {
 }
 
 impl RaftNetworkV2<PartitionRaft> for PeerClient {
-    type SnapshotData = NextOffset;
+    type SnapshotData = SnapshotData;
 
     async fn append_entries(
         &mut self,
@@ -1156,7 +1152,7 @@ impl RaftNetworkV2<PartitionRaft> for PeerClient {
     async fn full_snapshot(
         &mut self,
         vote: Vote,
-        snapshot: Snapshot<crate::CommittedLeaderId, u64, BasicNode, NextOffset>,
+        snapshot: Snapshot<crate::CommittedLeaderId, u64, BasicNode, SnapshotData>,
         _cancel: impl std::future::Future<Output = ReplicationClosed> + 'static,
         option: RPCOption,
     ) -> Result<SnapshotResponse<PartitionRaft>, StreamingError<PartitionRaft>> {
@@ -1169,7 +1165,7 @@ impl RaftNetworkV2<PartitionRaft> for PeerClient {
                 Message::Snapshot {
                     vote,
                     meta,
-                    next_offset: snapshot.snapshot.0,
+                    data: snapshot.snapshot,
                 },
                 option.hard_ttl(),
             )

@@ -2,12 +2,15 @@
 //! applying an entry only records how far the log is committed: `last_applied` is what the
 //! partition turns into its high watermark. Membership is kept because openraft asks for it.
 //!
-//! A snapshot holds no data either: its meta (last entry, membership) and the Kafka offset
-//! after its last entry ([`NextOffset`]). Retention takes one so openraft may purge the log
-//! prefix it covers; a follower that needs a purged entry gets the snapshot instead, and its
-//! log starts again at that offset (`LogStore::purge`), so offsets stay the leader's. A
-//! partition's snapshot is kept in `raft-snapshot` beside its log (written before openraft
-//! purges anything it covers), so a restarted replica resumes from it.
+//! A snapshot holds no records either: its meta (last entry, membership), the Kafka offset
+//! after its last entry, and what the partition on top keeps of the entries it covers (its
+//! idempotent-producer state as of that offset, opaque here) ([`SnapshotData`]). Retention
+//! takes one so openraft may purge the log prefix it covers; a follower that needs a purged
+//! entry gets the snapshot instead, and its log starts again at that offset
+//! (`LogStore::purge`), so offsets stay the leader's. A partition's snapshot is kept in
+//! `raft-snapshot` beside its log (written before openraft purges anything it covers), so a
+//! restarted replica resumes from it: openraft installs it again at start-up, and the
+//! partition takes its state back from it before the entries after it are applied again.
 //!
 //! The controller's state machine (`with_apply_hook`, no store) keeps its snapshots in memory
 //! only: its log is never purged, so openraft never needs one.
@@ -30,34 +33,46 @@ use crate::{wire, PartitionRaft};
 type Node = <PartitionRaft as RaftTypeConfig>::Node;
 type Stored = StoredMembership<crate::CommittedLeaderId, u64, Node>;
 type Meta = SnapshotMeta<crate::CommittedLeaderId, u64, Node>;
-type PartitionSnapshot = Snapshot<crate::CommittedLeaderId, u64, Node, NextOffset>;
+type PartitionSnapshot = Snapshot<crate::CommittedLeaderId, u64, Node, SnapshotData>;
 
 /// File holding a partition's latest snapshot.
 const SNAPSHOT_FILE: &str = "raft-snapshot";
-const SNAPSHOT_VERSION: u8 = 0;
+/// Version 1 added the partition's state; a version 0 file has none.
+const SNAPSHOT_VERSION: u8 = 1;
 
-/// What a partition snapshot carries: the Kafka offset after its last entry.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct NextOffset(pub i64);
+/// What a partition snapshot carries: the Kafka offset after its last entry, and the state
+/// the partition on top keeps of the entries it covers (`StateAt`; empty for none).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SnapshotData {
+    pub next_offset: i64,
+    pub partition_state: Bytes,
+}
 
 /// What the partition on top hears of, in log order, on every replica.
 pub enum Applied<'a> {
     /// A committed entry.
     Entry(&'a Entry),
-    /// A snapshot took the place of the entries up to it: the log goes on at this offset.
-    Snapshot(NextOffset),
+    /// A snapshot took the place of the entries up to it, on a follower behind a purge or at
+    /// a restart: the log goes on at its offset, and the partition's state is the one it
+    /// carries.
+    Snapshot(&'a SnapshotData),
 }
 
 /// Called with each committed entry and each snapshot installed.
 pub type ApplyHook = Box<dyn FnMut(Applied<'_>)>;
+
+/// The partition's state as of a Kafka offset at or below the last applied entry's end, for
+/// a snapshot ending there.
+pub type StateAt = Box<dyn Fn(i64) -> Bytes>;
 
 /// How far a partition's log is committed (applied) and its latest membership. Generic over
 /// the file system of its log, as the store is (the simulator runs it on its disks).
 pub struct PartitionStateMachine<F: Fs = GlommioFs> {
     last_applied: Option<EntryLogId>,
     membership: Stored,
-    snapshot: Option<(Meta, NextOffset)>,
+    snapshot: Option<(Meta, SnapshotData)>,
     on_apply: Option<ApplyHook>,
+    state_at: Option<StateAt>,
     /// The partition's log: where a snapshot's offset comes from and where it is kept.
     store: Option<StoreView<F>>,
     /// Held while a snapshot is kept (`keep`), so an older one never lands last.
@@ -71,6 +86,7 @@ impl<F: Fs> Default for PartitionStateMachine<F> {
             membership: Stored::default(),
             snapshot: None,
             on_apply: None,
+            state_at: None,
             store: None,
             keeping: Rc::default(),
         }
@@ -88,9 +104,13 @@ impl<F: Fs> PartitionStateMachine<F> {
     }
 
     /// The state machine of a partition whose log `store` is: its latest snapshot comes back
-    /// from disk (openraft installs it at start-up), and `hook` hears of every entry applied
-    /// and snapshot installed.
-    pub fn open(store: StoreView<F>, hook: ApplyHook) -> io::Result<PartitionStateMachine<F>> {
+    /// from disk (openraft installs it at start-up), `hook` hears of every entry applied
+    /// and snapshot installed, and each snapshot taken carries `state_at` its offset.
+    pub fn open(
+        store: StoreView<F>,
+        hook: ApplyHook,
+        state_at: StateAt,
+    ) -> io::Result<PartitionStateMachine<F>> {
         let path = snapshot_path(&store);
         let snapshot = match store.fs().read(&path) {
             Ok(bytes) => Some(decode_snapshot(&bytes).map_err(|e| {
@@ -104,6 +124,7 @@ impl<F: Fs> PartitionStateMachine<F> {
         };
         Ok(PartitionStateMachine {
             on_apply: Some(hook),
+            state_at: Some(state_at),
             store: Some(store),
             snapshot,
             ..PartitionStateMachine::default()
@@ -118,7 +139,7 @@ impl<F: Fs> PartitionStateMachine<F> {
     /// The snapshot to take now: through the entry retention asked for (`snapshot_through`)
     /// or else the last applied one. It names the current membership, so it never ends
     /// before the entry that set it (partition groups set theirs once, at creation).
-    fn current(&self) -> (Meta, NextOffset) {
+    fn current(&self) -> (Meta, SnapshotData) {
         let (last, next) = match (&self.store, self.last_applied) {
             (Some(store), Some(applied)) => {
                 let wanted = store
@@ -137,9 +158,17 @@ impl<F: Fs> PartitionStateMachine<F> {
                     )
                 })
             }
-            (_, applied) => return (self.meta(applied), NextOffset(0)),
+            (_, applied) => return (self.meta(applied), SnapshotData::default()),
         };
-        (self.meta(Some(last)), NextOffset(next))
+        let partition_state = self
+            .state_at
+            .as_ref()
+            .map_or_else(Bytes::new, |at| at(next));
+        let data = SnapshotData {
+            next_offset: next,
+            partition_state,
+        };
+        (self.meta(Some(last)), data)
     }
 
     fn meta(&self, last_log_id: Option<EntryLogId>) -> Meta {
@@ -154,16 +183,16 @@ fn snapshot_path<F: Fs>(store: &StoreView<F>) -> PathBuf {
     store.dir().join(SNAPSHOT_FILE)
 }
 
-fn encode_snapshot(meta: &Meta, next: NextOffset) -> Vec<u8> {
+fn encode_snapshot(meta: &Meta, data: &SnapshotData) -> Vec<u8> {
     let mut out = BytesMut::new();
     out.put_u8(SNAPSHOT_VERSION);
-    wire::put_snapshot(&mut out, meta, next.0);
+    wire::put_snapshot(&mut out, meta, data);
     let crc = crc32c::crc32c(&out);
     out.put_u32(crc);
     out.to_vec()
 }
 
-fn decode_snapshot(bytes: &[u8]) -> Result<(Meta, NextOffset), String> {
+fn decode_snapshot(bytes: &[u8]) -> Result<(Meta, SnapshotData), String> {
     let (body, crc) = bytes
         .split_at_checked(bytes.len().saturating_sub(4))
         .filter(|(body, _)| !body.is_empty())
@@ -171,15 +200,16 @@ fn decode_snapshot(bytes: &[u8]) -> Result<(Meta, NextOffset), String> {
     if crc32c::crc32c(body) != u32::from_be_bytes(crc.try_into().expect("4 bytes")) {
         return Err("checksum mismatch".into());
     }
-    if body[0] != SNAPSHOT_VERSION {
+    if body[0] > SNAPSHOT_VERSION {
         return Err(format!("unknown version {}", body[0]));
     }
+    // A version 0 snapshot ends before the partition's state: it has none.
     let mut rest = Bytes::copy_from_slice(&body[1..]);
-    let (meta, next) = wire::get_snapshot(&mut rest).map_err(|e| e.to_string())?;
+    let (meta, data) = wire::get_snapshot(&mut rest).map_err(|e| e.to_string())?;
     if rest.has_remaining() {
         return Err("trailing bytes".into());
     }
-    Ok((meta, NextOffset(next)))
+    Ok((meta, data))
 }
 
 /// Keeps the snapshot in `raft-snapshot` and tells the store, unless a newer one is kept
@@ -188,7 +218,7 @@ async fn keep<F: Fs>(
     store: &Option<StoreView<F>>,
     keeping: &tokio::sync::Mutex<()>,
     meta: &Meta,
-    next: NextOffset,
+    data: &SnapshotData,
 ) -> io::Result<()> {
     let (Some(store), Some(last)) = (store, meta.last_log_id) else {
         return Ok(());
@@ -200,14 +230,14 @@ async fn keep<F: Fs>(
     let path = snapshot_path(store);
     store
         .fs()
-        .write_file(&path, encode_snapshot(meta, next))
+        .write_file(&path, encode_snapshot(meta, data))
         .await?;
-    store.note_snapshot(last.index, next.0);
+    store.note_snapshot(last.index, data.next_offset);
     Ok(())
 }
 
 impl<C: PartitionTypes, F: Fs> RaftStateMachine<C> for PartitionStateMachine<F> {
-    type SnapshotData = NextOffset;
+    type SnapshotData = SnapshotData;
     type SnapshotBuilder = SnapshotTaker<F>;
 
     async fn applied_state(&mut self) -> io::Result<(Option<EntryLogId>, Stored)> {
@@ -258,24 +288,24 @@ impl<C: PartitionTypes, F: Fs> RaftStateMachine<C> for PartitionStateMachine<F> 
                 if !force {
                     return None;
                 }
-                (taker.meta, taker.next) = (meta.clone(), *next);
+                (taker.meta, taker.next) = (meta.clone(), next.clone());
             }
         }
         // The builder's snapshot becomes the current one as soon as it is taken; openraft
         // purges nothing it covers before the builder has kept it.
-        self.snapshot = Some((taker.meta.clone(), taker.next));
+        self.snapshot = Some((taker.meta.clone(), taker.next.clone()));
         Some(taker)
     }
 
-    async fn install_snapshot(&mut self, meta: &Meta, next: NextOffset) -> io::Result<()> {
+    async fn install_snapshot(&mut self, meta: &Meta, data: SnapshotData) -> io::Result<()> {
         // Kept first: openraft purges the entries it covers once this returns.
-        keep(&self.store, &self.keeping, meta, next).await?;
+        keep(&self.store, &self.keeping, meta, &data).await?;
         self.last_applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
-        self.snapshot = Some((meta.clone(), next));
         if let Some(hook) = &mut self.on_apply {
-            hook(Applied::Snapshot(next));
+            hook(Applied::Snapshot(&data));
         }
+        self.snapshot = Some((meta.clone(), data));
         Ok(())
     }
 
@@ -290,19 +320,19 @@ impl<C: PartitionTypes, F: Fs> RaftStateMachine<C> for PartitionStateMachine<F> 
 /// Builds the snapshot of the state at the time it was created, and keeps it on disk.
 pub struct SnapshotTaker<F: Fs = GlommioFs> {
     meta: Meta,
-    next: NextOffset,
+    next: SnapshotData,
     store: Option<StoreView<F>>,
     keeping: Rc<tokio::sync::Mutex<()>>,
 }
 
 impl<C: PartitionTypes, F: Fs> RaftSnapshotBuilder<C> for SnapshotTaker<F> {
-    type SnapshotData = NextOffset;
+    type SnapshotData = SnapshotData;
 
     async fn build_snapshot(&mut self) -> io::Result<PartitionSnapshot> {
-        keep(&self.store, &self.keeping, &self.meta, self.next).await?;
+        keep(&self.store, &self.keeping, &self.meta, &self.next).await?;
         Ok(Snapshot {
             meta: self.meta.clone(),
-            snapshot: self.next,
+            snapshot: self.next.clone(),
         })
     }
 }
@@ -327,8 +357,32 @@ mod tests {
                 members,
             ),
         };
-        let bytes = encode_snapshot(&meta, NextOffset(12_345));
-        assert_eq!(decode_snapshot(&bytes).unwrap(), (meta, NextOffset(12_345)));
+        let data = SnapshotData {
+            next_offset: 12_345,
+            partition_state: Bytes::from_static(b"{\"producers\":{}}"),
+        };
+        let bytes = encode_snapshot(&meta, &data);
+        assert_eq!(decode_snapshot(&bytes).unwrap(), (meta.clone(), data));
+        // A snapshot kept before snapshots carried the partition's state (version 0) has none.
+        let mut v0 = BytesMut::new();
+        v0.put_u8(0);
+        let mut body = BytesMut::new();
+        wire::put_snapshot(
+            &mut body,
+            &meta,
+            &SnapshotData {
+                next_offset: 7,
+                partition_state: Bytes::new(),
+            },
+        );
+        v0.put_slice(&body[..body.len() - 4]);
+        let crc = crc32c::crc32c(&v0);
+        v0.put_u32(crc);
+        let empty = SnapshotData {
+            next_offset: 7,
+            partition_state: Bytes::new(),
+        };
+        assert_eq!(decode_snapshot(&v0).unwrap(), (meta, empty));
         for cut in [0, 1, 4, bytes.len() - 1] {
             assert!(decode_snapshot(&bytes[..cut]).is_err(), "cut at {cut}");
         }

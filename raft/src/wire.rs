@@ -23,6 +23,7 @@ use openraft::raft::{
 use openraft::{SnapshotMeta, StoredMembership};
 
 use crate::entry::{self, Entry, EntryLogId};
+use crate::state_machine::SnapshotData;
 use crate::store::Vote;
 use crate::{CommittedLeaderId, PartitionRaft};
 
@@ -64,7 +65,7 @@ pub enum Message {
     Snapshot {
         vote: Vote,
         meta: Meta,
-        next_offset: i64,
+        data: SnapshotData,
     },
     SnapshotReply(SnapshotResponse<PartitionRaft>),
     /// The receiver could not serve the request (no such group, group shutting down, ...).
@@ -227,13 +228,9 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) -> Result<(), WireError> {
             out.put_u8(u8::from(reply.vote_granted));
             put_log_id(out, reply.last_log_id.as_ref());
         }
-        Message::Snapshot {
-            vote,
-            meta,
-            next_offset,
-        } => {
+        Message::Snapshot { vote, meta, data } => {
             put_vote(out, vote);
-            put_snapshot(out, meta, *next_offset);
+            put_snapshot(out, meta, data);
         }
         Message::SnapshotReply(reply) => put_vote(out, &reply.vote),
         Message::Failed(why) => put_bytes(out, why.as_bytes()),
@@ -375,12 +372,8 @@ pub fn decode(mut b: Bytes) -> Result<Frame, WireError> {
         }
         SNAPSHOT => {
             let vote = get_vote(&mut b)?;
-            let (meta, next_offset) = get_snapshot(&mut b)?;
-            Message::Snapshot {
-                vote,
-                meta,
-                next_offset,
-            }
+            let (meta, data) = get_snapshot(&mut b)?;
+            Message::Snapshot { vote, meta, data }
         }
         SNAPSHOT_REPLY => Message::SnapshotReply(SnapshotResponse::new(get_vote(&mut b)?)),
         FAILED => {
@@ -539,19 +532,22 @@ fn get_log_id(b: &mut Bytes) -> Result<Option<EntryLogId>, WireError> {
     }
 }
 
-/// A snapshot's meta and the offset after its last entry, as sent and as kept on disk.
-pub fn put_snapshot(out: &mut BytesMut, meta: &Meta, next_offset: i64) {
+/// A snapshot's meta, the offset after its last entry and the partition's state, as sent
+/// and as kept on disk.
+pub fn put_snapshot(out: &mut BytesMut, meta: &Meta, data: &SnapshotData) {
     put_log_id(out, meta.last_log_id.as_ref());
     put_log_id(out, meta.last_membership.log_id().as_ref());
     put_bytes(
         out,
         &entry::encode_membership(meta.last_membership.membership()),
     );
-    out.put_i64(next_offset);
+    out.put_i64(data.next_offset);
+    put_bytes(out, &data.partition_state);
 }
 
-/// Reads what `put_snapshot` wrote.
-pub fn get_snapshot(b: &mut Bytes) -> Result<(Meta, i64), WireError> {
+/// Reads what `put_snapshot` wrote. One that ends after the offset (written before
+/// snapshots carried the partition's state) has none.
+pub fn get_snapshot(b: &mut Bytes) -> Result<(Meta, SnapshotData), WireError> {
     let last_log_id = get_log_id(b)?;
     let membership_log_id = get_log_id(b)?;
     let raw = get_bytes(b)?;
@@ -563,11 +559,19 @@ pub fn get_snapshot(b: &mut Bytes) -> Result<(Meta, i64), WireError> {
             "snapshot at offset {next_offset}"
         )));
     }
+    let partition_state = match b.has_remaining() {
+        true => get_bytes(b)?,
+        false => Bytes::new(),
+    };
     let meta = Meta {
         last_log_id,
         last_membership: StoredMembership::new(membership_log_id, membership),
     };
-    Ok((meta, next_offset))
+    let data = SnapshotData {
+        next_offset,
+        partition_state,
+    };
+    Ok((meta, data))
 }
 
 fn put_bytes(out: &mut BytesMut, bytes: &[u8]) {
@@ -705,20 +709,24 @@ mod tests {
             last_log_id: Some(id(3, 30)),
             last_membership: StoredMembership::new(Some(id(1, 2)), members),
         };
+        let data = SnapshotData {
+            next_offset: 4096,
+            partition_state: Bytes::from_static(b"producers"),
+        };
         let Message::Snapshot {
             vote: v,
             meta: m,
-            next_offset,
+            data: d,
         } = round_trip(Message::Snapshot {
             vote: vote(3, 1),
             meta: meta.clone(),
-            next_offset: 4096,
+            data: data.clone(),
         })
         .message
         else {
             panic!("not a snapshot")
         };
-        assert_eq!((v, m, next_offset), (vote(3, 1), meta, 4096));
+        assert_eq!((v, m, d), (vote(3, 1), meta, data));
         let Message::Failed(why) = round_trip(Message::Failed("no such group".into())).message
         else {
             panic!("not a failure")

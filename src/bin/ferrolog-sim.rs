@@ -18,7 +18,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use clap::Parser;
-use ferrolog::sim::ReplicaMode;
+use ferrolog::sim::{ReplicaMode, UNFIXES as REPLICA_UNFIXES};
 use ferrolog_raft::sim::log_world::{log_command, run_log, LogOptions, UNFIXES};
 use ferrolog_raft::sim::{command, describe, run, shrink, Options};
 
@@ -45,7 +45,11 @@ struct Args {
     /// from electing another (run it with `--deaf`); `purge` lets a purge record its
     /// purge point before the batches below it are on disk; with `--replica`, `c` confirms
     /// a retried batch once the HW passes its original's offsets, whichever batch landed
-    /// there; `straddle` lets a truncation
+    /// there; with `--replica`, `producers` takes snapshots without the producer state, so a
+    /// replica that restarts or installs one takes a retry of a purged batch as new; with
+    /// `--replica`, `lease` lets a leader refuse a batch out of sequence without showing its
+    /// lease, as a deposed one that does not know it yet does;
+    /// `straddle` lets a truncation
     /// of a log whose start lies inside its first entry's batch cut below the start; with
     /// `--log`, `g-open` calls a
     /// recovered tail durable without an fsync, `g-truncate` cuts a segment without
@@ -104,7 +108,7 @@ fn main() -> ExitCode {
     }));
     let (mut leader_restore, mut no_check_quorum, mut undo) = (false, false, 0u16);
     let (mut purge_unsynced, mut straddle_truncate) = (false, false);
-    let mut offsets_confirm = false;
+    let mut replica_unfix = Vec::new();
     for fix in &args.unfix {
         let log_fix = UNFIXES.iter().find(|(name, _)| name == fix).map(|f| f.1);
         match (fix.as_str(), args.log, log_fix) {
@@ -112,11 +116,13 @@ fn main() -> ExitCode {
             ("h", false, _) => no_check_quorum = true,
             ("purge", false, _) => purge_unsynced = true,
             ("straddle", false, _) => straddle_truncate = true,
-            ("c", false, _) if args.replica => offsets_confirm = true,
+            (fix, false, _) if args.replica && REPLICA_UNFIXES.contains(&fix) => {
+                replica_unfix.push(fix)
+            }
             (_, true, Some(flag)) => undo |= flag,
             (other, _, _) => {
                 eprintln!(
-                    "ferrolog-sim: unknown --unfix {other:?} (known: a, h, purge, straddle; with --replica: c; with --log: g-open, g-truncate, g-index, g-finish, g-start, g-read, g-failed)"
+                    "ferrolog-sim: unknown --unfix {other:?} (known: a, h, purge, straddle; with --replica: c, producers, lease; with --log: g-open, g-truncate, g-index, g-finish, g-start, g-read, g-failed)"
                 );
                 return ExitCode::from(2);
             }
@@ -148,9 +154,10 @@ fn main() -> ExitCode {
         controller: args.controller,
         keep: keep.clone(),
         deaf: args.deaf,
-        mode: args
-            .replica
-            .then(|| Rc::new(ReplicaMode::new(offsets_confirm)) as _),
+        mode: args.replica.then(|| {
+            let mode = ReplicaMode::new(&replica_unfix).expect("known fixes");
+            Rc::new(mode) as _
+        }),
         ..Options::new(seed)
     };
     if let Some(seed) = args.seed {

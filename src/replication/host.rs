@@ -18,7 +18,7 @@ use ferrolog_raft::openraft::network::{NetSnapshot, RaftNetworkFactory};
 use ferrolog_raft::openraft::raft::ClientWriteResult;
 use ferrolog_raft::openraft::type_config::alias::{OneshotReceiverOf, WriteResponderOf};
 use ferrolog_raft::openraft::{self, AsyncRuntime, Raft, RaftTypeConfig};
-use ferrolog_raft::state_machine::{NextOffset, PartitionStateMachine};
+use ferrolog_raft::state_machine::{PartitionStateMachine, SnapshotData};
 use ferrolog_raft::store::{Clock, PartitionTypes};
 use ferrolog_raft::wire::{GroupId, Handover};
 use ferrolog_raft::PartitionRaft;
@@ -44,7 +44,7 @@ pub trait Host: 'static {
     type Fs: Fs;
     type Network: RaftNetworkFactory<
         Self::Raft,
-        Network: NetSnapshot<Self::Raft, SnapshotData = NextOffset>,
+        Network: NetSnapshot<Self::Raft, SnapshotData = SnapshotData>,
     >;
 
     /// The openraft config of partition groups (`ferrolog_raft::partition_config`; with

@@ -49,7 +49,7 @@ use ferrolog_raft::check_quorum::CheckQuorum;
 use ferrolog_raft::entry::{self, Batch};
 use ferrolog_raft::network::{Transport, PRE_VOTE_GUARD};
 use ferrolog_raft::openraft;
-use ferrolog_raft::state_machine::{Applied, NextOffset, PartitionStateMachine};
+use ferrolog_raft::state_machine::{Applied, PartitionStateMachine, StateAt};
 use ferrolog_raft::store::{LogStore, StoreView};
 use ferrolog_raft::wire::{GroupId, Handover};
 use futures::future::LocalBoxFuture;
@@ -278,9 +278,22 @@ impl<H: Host> Replica<H> {
             Box::new(move |applied: Applied<'_>| {
                 let (entry, end) = match applied {
                     Applied::Entry(entry) => (Some(entry), view.end_offset(entry.log_id.index)),
-                    // The log goes on at the snapshot's end; the producer state of the
-                    // entries it covers is gone, as after Kafka's retention.
-                    Applied::Snapshot(NextOffset(next)) => (None, Some(next)),
+                    // The log goes on at the snapshot's end, and the producer state is the
+                    // one the snapshot carries (the state as of its end, on the node that
+                    // took it): a batch purged since is still known to its producer's
+                    // retry after a restart or on a follower that took the snapshot, as a
+                    // Kafka replica keeps its producer state across retention.
+                    Applied::Snapshot(data) => {
+                        match ProducerStates::decode(&data.partition_state) {
+                            Ok(states) => *producers.borrow_mut() = states,
+                            Err(e) => {
+                                tracing::error!(group = group.0, error = %e,
+                                    "a snapshot's producer state does not decode: starting without it");
+                                *producers.borrow_mut() = ProducerStates::default();
+                            }
+                        }
+                        (None, Some(data.next_offset))
+                    }
                 };
                 if let Some(end) = end {
                     if end > hw.get() {
@@ -314,12 +327,19 @@ impl<H: Host> Replica<H> {
                 }
             })
         };
+        let state_at: StateAt = {
+            let producers = applied_producers.clone();
+            Box::new(move |next| match unfix::snapshots_without_producers() {
+                true => bytes::Bytes::new(),
+                false => producers.borrow().below(next).encode(),
+            })
+        };
         let raft = Raft::new(
             node_id as u64,
             transport.raft_config(),
             transport.factory(group),
             store,
-            PartitionStateMachine::open(view.clone(), hook)?,
+            PartitionStateMachine::open(view.clone(), hook, state_at)?,
         )
         .await
         .map_err(std::io::Error::other)?;
@@ -932,6 +952,9 @@ impl<H: Host> Replica<H> {
     pub fn confirm_out_of_order(self: Rc<Self>) -> LocalBoxFuture<'static, BrokerError> {
         let term = self.raft.metrics().borrow_watched().current_term;
         async move {
+            if unfix::out_of_order_without_lease() {
+                return BrokerError::OutOfOrderSequence;
+            }
             let lease = self.read_lease().await;
             let current = self.raft.metrics().borrow_watched().current_term;
             match lease {
@@ -1127,14 +1150,36 @@ impl<H: Host> Replica<H> {
     }
 }
 
-/// Simulation only: a fix that the replica simulator can undo on its own thread
-/// (`ferrolog-sim --replica --unfix c`), to show that its checker finds the defect. The
-/// broker never sets it.
+/// Simulation only: fixes that the replica simulator can undo on its own thread
+/// (`ferrolog-sim --replica --unfix c|producers|lease`), to show that its checker finds the
+/// defects. The broker never sets them.
 pub mod unfix {
     use std::cell::Cell;
 
     thread_local! {
         static OFFSETS_CONFIRM_DUPLICATES: Cell<bool> = const { Cell::new(false) };
+        static SNAPSHOTS_WITHOUT_PRODUCERS: Cell<bool> = const { Cell::new(false) };
+        static OUT_OF_ORDER_WITHOUT_LEASE: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// A leader refuses a batch out of sequence at once, lease or not, as a deposed one
+    /// that does not know it yet does in Kafka.
+    pub fn set_out_of_order_without_lease(on: bool) {
+        OUT_OF_ORDER_WITHOUT_LEASE.with(|c| c.set(on));
+    }
+
+    pub(super) fn out_of_order_without_lease() -> bool {
+        OUT_OF_ORDER_WITHOUT_LEASE.with(Cell::get)
+    }
+
+    /// Snapshots carry no producer state: a replica that restarts or installs one forgets
+    /// the producers of the batches it covers, and takes their retries as new batches.
+    pub fn set_snapshots_without_producers(on: bool) {
+        SNAPSHOTS_WITHOUT_PRODUCERS.with(|c| c.set(on));
+    }
+
+    pub(super) fn snapshots_without_producers() -> bool {
+        SNAPSHOTS_WITHOUT_PRODUCERS.with(Cell::get)
     }
 
     /// Defect c of issue 17: a retry is confirmed once the HW passes the offsets its

@@ -733,8 +733,8 @@ pub trait Mode: fmt::Debug {
     fn self_initializing(&self) -> bool {
         false
     }
-    /// The ferrolog-sim flag that selects it.
-    fn flag(&self) -> &'static str;
+    /// The ferrolog-sim flags that select it.
+    fn flags(&self) -> String;
 }
 
 /// What a node starts with (`Mode::start`).
@@ -799,7 +799,11 @@ impl Mode for Bare {
             let hook = reporter(node, checker.clone(), view.clone());
             let sm = match controller {
                 true => Ok(PartitionStateMachine::with_apply_hook(hook)),
-                false => PartitionStateMachine::open(view.clone(), hook),
+                false => PartitionStateMachine::open(
+                    view.clone(),
+                    hook,
+                    Box::new(|_| Default::default()),
+                ),
             };
             let sm = match sm {
                 Ok(sm) => sm,
@@ -816,7 +820,7 @@ impl Mode for Bare {
                 Ok(raft) => {
                     net.set_raft(node, Some(raft.clone()));
                     if !controller {
-                        let retention = retention(raft.clone(), view, log, checker.clone(), 0);
+                        let retention = retention(raft.clone(), view, log, checker.clone());
                         spawn_on(node, retention);
                     }
                     if check_quorum {
@@ -837,8 +841,8 @@ impl Mode for Bare {
         client(id, ctx).boxed_local()
     }
 
-    fn flag(&self) -> &'static str {
-        ""
+    fn flags(&self) -> String {
+        String::new()
     }
 }
 
@@ -881,7 +885,6 @@ pub async fn retention(
     view: StoreView<SimFs>,
     log: Rc<ferrolog_io::Log<SimFs>>,
     checker: Rc<Checker>,
-    keep_min: u64,
 ) {
     let mut first = view.first_index();
     loop {
@@ -899,11 +902,10 @@ pub async fn retention(
         };
         // A quarter of the purges take everything applied, as retention of a whole log or
         // DeleteRecords up to the HW does.
-        let keep = keep_min
-            + match runtime::random_u64() % 4 {
-                0 => 0,
-                _ => 20 + runtime::random_u64() % 40,
-            };
+        let keep = match runtime::random_u64() % 4 {
+            0 => 0,
+            _ => 20 + runtime::random_u64() % 40,
+        };
         let Some(last) = applied.checked_sub(keep) else {
             continue;
         };
@@ -1353,7 +1355,7 @@ pub fn command(options: &Options) -> String {
         cmd.push_str(" --deaf");
     }
     if let Some(mode) = &options.mode {
-        cmd.push_str(&format!(" {}", mode.flag()));
+        cmd.push_str(&format!(" {}", mode.flags()));
     }
     if let Some(keep) = &options.keep {
         let list: Vec<String> = keep.iter().map(|i| i.to_string()).collect();

@@ -22,7 +22,7 @@ use openraft::{AsyncRuntime, BasicNode, Snapshot};
 use super::fs::SimFs;
 use super::runtime::{random_u64, spawn_on, NodeId, SimInstant, SimRuntime};
 use super::SimRaft;
-use crate::state_machine::{NextOffset, PartitionStateMachine};
+use crate::state_machine::{PartitionStateMachine, SnapshotData};
 use crate::store::Vote;
 
 pub type NodeRaft = openraft::Raft<SimRaft, PartitionStateMachine<SimFs>>;
@@ -248,7 +248,7 @@ impl Client {
 }
 
 impl RaftNetworkV2<SimRaft> for Client {
-    type SnapshotData = NextOffset;
+    type SnapshotData = SnapshotData;
 
     async fn append_entries(
         &mut self,
@@ -342,7 +342,7 @@ impl RaftNetworkV2<SimRaft> for Client {
     async fn full_snapshot(
         &mut self,
         vote: Vote,
-        snapshot: Snapshot<crate::CommittedLeaderId, u64, BasicNode, NextOffset>,
+        snapshot: Snapshot<crate::CommittedLeaderId, u64, BasicNode, SnapshotData>,
         _cancel: impl Future<Output = ReplicationClosed> + 'static,
         option: RPCOption,
     ) -> Result<SnapshotResponse<SimRaft>, StreamingError<SimRaft>> {

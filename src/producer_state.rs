@@ -9,9 +9,18 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use bytes::{Buf, BufMut};
 use serde::{Deserialize, Serialize};
 
 use ferrolog_io::batch::BatchHeader;
+
+/// The version of `ProducerStates::encode`.
+const STATE_VERSION: u8 = 1;
+
+/// Why bytes are not an encoded producer state.
+#[derive(Debug, thiserror::Error)]
+#[error("producer state: {0}")]
+pub struct StateError(String);
 
 /// Batches remembered per producer (Kafka's `NUM_BATCHES_TO_RETAIN`).
 const BATCHES_RETAINED: usize = 5;
@@ -161,19 +170,79 @@ impl ProducerStates {
         }
     }
 
-    /// The state as a Raft snapshot carries it.
+    /// The state as a Raft snapshot carries it, compactly (at most 139 bytes a producer):
+    /// version 1, the clock, the producer count, then per producer its id, epoch, last use,
+    /// and its batches (count, then first and last sequence, base offset, timestamp each).
     pub fn encode(&self) -> bytes::Bytes {
-        serde_json::to_vec(self)
-            .expect("producer state serialises")
-            .into()
+        let mut out = bytes::BytesMut::with_capacity(13 + self.producers.len() * 43);
+        out.put_u8(STATE_VERSION);
+        out.put_u64(self.clock);
+        out.put_u32(u32::try_from(self.producers.len()).expect("producers fit u32"));
+        for (id, entry) in &self.producers {
+            out.put_i64(*id);
+            out.put_i16(entry.epoch);
+            out.put_u64(entry.last_used);
+            out.put_u8(u8::try_from(entry.batches.len()).expect("at most five batches"));
+            for b in &entry.batches {
+                out.put_i32(b.first_seq);
+                out.put_i32(b.last_seq);
+                out.put_i64(b.base_offset);
+                out.put_i64(b.timestamp);
+            }
+        }
+        out.freeze()
     }
 
-    /// The state a Raft snapshot carries: none for one taken before snapshots carried it.
-    pub fn decode(bytes: &[u8]) -> Result<ProducerStates, serde_json::Error> {
-        match bytes.is_empty() {
-            true => Ok(ProducerStates::default()),
-            false => serde_json::from_slice(bytes),
+    /// Reads what `encode` wrote (nothing: no state, as in a snapshot taken before
+    /// snapshots carried it); anything else is an error, never a panic.
+    pub fn decode(bytes: &[u8]) -> Result<ProducerStates, StateError> {
+        let mut b = bytes;
+        if b.is_empty() {
+            return Ok(ProducerStates::default());
         }
+        let need = |b: &[u8], n: usize| match b.len() >= n {
+            true => Ok(()),
+            false => Err(StateError("truncated".into())),
+        };
+        need(b, 13)?;
+        let version = b.get_u8();
+        if version != STATE_VERSION {
+            return Err(StateError(format!("unknown version {version}")));
+        }
+        let clock = b.get_u64();
+        let count = b.get_u32() as usize;
+        // Each producer takes at least 19 bytes: a count beyond them is damage.
+        need(b, count.saturating_mul(19))?;
+        let mut producers = HashMap::with_capacity(count);
+        for _ in 0..count {
+            need(b, 19)?;
+            let (id, epoch, last_used) = (b.get_i64(), b.get_i16(), b.get_u64());
+            let n = usize::from(b.get_u8());
+            if n > BATCHES_RETAINED {
+                return Err(StateError(format!("producer {id} with {n} batches")));
+            }
+            need(b, n * 24)?;
+            let batches = (0..n)
+                .map(|_| BatchMeta {
+                    first_seq: b.get_i32(),
+                    last_seq: b.get_i32(),
+                    base_offset: b.get_i64(),
+                    timestamp: b.get_i64(),
+                })
+                .collect();
+            let entry = ProducerEntry {
+                epoch,
+                batches,
+                last_used,
+            };
+            if producers.insert(id, entry).is_some() {
+                return Err(StateError(format!("producer {id} twice")));
+            }
+        }
+        if !b.is_empty() {
+            return Err(StateError(format!("{} trailing bytes", b.len())));
+        }
+        Ok(ProducerStates { producers, clock })
     }
 }
 
@@ -297,6 +366,17 @@ mod tests {
             .expect("none")
             .producers
             .is_empty());
-        assert!(ProducerStates::decode(b"{").is_err());
+        let bytes = s.encode();
+        let back = ProducerStates::decode(&bytes).expect("decodes");
+        assert_eq!(back.encode().len(), bytes.len());
+        for cut in 1..bytes.len() {
+            assert!(
+                ProducerStates::decode(&bytes[..cut]).is_err(),
+                "cut at {cut}"
+            );
+        }
+        let mut longer = bytes.to_vec();
+        longer.push(0);
+        assert!(ProducerStates::decode(&longer).is_err());
     }
 }

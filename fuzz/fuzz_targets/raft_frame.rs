@@ -1,5 +1,7 @@
-//! Any bytes as Raft traffic from a peer (`ferrolog_raft::wire`) and as a Raft entry read
-//! back from a partition's segments (`ferrolog_raft::entry::decode`): errors, never panics.
+//! Any bytes as Raft traffic from a peer (`ferrolog_raft::wire`), as a Raft entry read
+//! back from a partition's segments (`ferrolog_raft::entry::decode`) and as the producer
+//! state a snapshot carries (`ferrolog::producer_state::ProducerStates::decode`): errors,
+//! never panics.
 #![no_main]
 
 use bytes::Bytes;
@@ -10,4 +12,5 @@ fuzz_target!(|data: &[u8]| {
     let _ = wire::frame_len(data);
     let _ = wire::decode(Bytes::copy_from_slice(data));
     let _ = entry::decode(7, Bytes::copy_from_slice(data));
+    let _ = ferrolog::producer_state::ProducerStates::decode(data);
 });

@@ -36,8 +36,8 @@
 //!   transport counts as hearing from each group's leader (see `ferrolog::replica`). A quiet
 //!   leader's lease runs out, so its first proposal after a quiet spell waits for one
 //!   heartbeat round to renew it; the lease cannot be fed from the coalesced beat.
-//! - A snapshot carries no data, only the Kafka offset after its last entry: the partition
-//!   log is the state. Retention purges a log prefix through openraft (snapshot, then
+//! - A snapshot carries no records, only the Kafka offset after its last entry and the
+//!   partition's idempotent-producer state below it: the partition log is the state. Retention purges a log prefix through openraft (snapshot, then
 //!   `purge_log`); a follower that needs a purged entry takes the snapshot and restarts its
 //!   log empty at that offset, as a Kafka follower behind its leader's log start does.
 pub mod check_quorum;

@@ -337,8 +337,9 @@ impl RaftNetworkV2<SimRaft> for Client {
         Ok(answer)
     }
 
-    /// A snapshot carries only the Kafka offset its follower's log goes on at, so it
-    /// travels in one message, as the broker's transport sends it.
+    /// A snapshot carries only the Kafka offset its follower's log goes on at and the
+    /// partition's producer state, so it travels in one message, as the broker's transport
+    /// sends it (here as it is, not encoded).
     async fn full_snapshot(
         &mut self,
         vote: Vote,

@@ -169,7 +169,6 @@ struct Node {
 pub const UNFIXES: [&str; 3] = ["c", "producers", "lease"];
 
 /// The broker's replica on every node (see the module doc).
-#[derive(Debug)]
 pub struct ReplicaMode {
     /// Which of `UNFIXES` are undone.
     unfixed: Vec<&'static str>,
@@ -190,9 +189,9 @@ impl ReplicaMode {
     }
 }
 
-impl std::fmt::Debug for Node {
+impl std::fmt::Debug for ReplicaMode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Node")
+        f.write_str(&self.flags())
     }
 }
 

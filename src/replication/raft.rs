@@ -27,7 +27,13 @@
 //! Retention goes through Raft (`Replica::apply_retention`): each replica takes a snapshot
 //! ending at its retention point and lets openraft purge the entries before it; a follower
 //! that needs purged entries gets the leader's snapshot and restarts its log at the leader's
-//! log start (see ferrolog-raft's `state_machine`). DeleteRecords and the offsets rewrite
+//! log start (see ferrolog-raft's `state_machine`). A snapshot carries the producer state
+//! below its end, which a replica takes back whenever one is installed (at start-up too),
+//! so producers of purged batches are still known to their retries.
+//!
+//! The replica runs on a `Host` (`host`): the broker's is the shard's transport on glommio;
+//! the replica simulator (`crate::sim`, `ferrolog-sim --replica`) runs this very code on
+//! simulated time, disks and network. DeleteRecords and the offsets rewrite
 //! move the log start through a Raft entry that each replica acts on once it applies it; the
 //! leader's DeleteRecords answer waits for the live replicas (`wait_low_watermark`).
 //!

@@ -198,9 +198,7 @@ impl<F: Fs> StoreView<F> {
             inner: self.inner.clone(),
         }
     }
-}
 
-impl<F: Fs> StoreView<F> {
     /// Kafka offset of entry `index`'s batch, if the log holds it.
     pub fn base_offset(&self, index: u64) -> Option<i64> {
         let inner = self.inner.borrow();

@@ -31,6 +31,20 @@ pub struct Appended {
     pub duplicate: bool,
 }
 
+impl Appended {
+    /// A retry of `header`'s batch, which the producer state holds at `base_offset` with
+    /// max timestamp `timestamp`: Kafka answers a duplicate with the stored batch's max
+    /// timestamp, whatever the topic's timestamp type.
+    pub fn duplicate(header: &BatchHeader, base_offset: i64, timestamp: i64) -> Appended {
+        Appended {
+            base_offset,
+            end_offset: base_offset + i64::from(header.last_offset_delta) + 1,
+            log_append_time_ms: timestamp,
+            duplicate: true,
+        }
+    }
+}
+
 /// A fetch result for one partition.
 #[derive(Debug, Clone)]
 pub struct ReadResult {
@@ -273,14 +287,7 @@ impl Partition {
                 base_offset,
                 timestamp,
             } => {
-                let appended = Appended {
-                    base_offset,
-                    end_offset: base_offset + i64::from(header.last_offset_delta) + 1,
-                    // Kafka answers a duplicate with the stored batch's max timestamp, whatever
-                    // the topic's timestamp type.
-                    log_append_time_ms: timestamp,
-                    duplicate: true,
-                };
+                let appended = Appended::duplicate(&header, base_offset, timestamp);
                 // Raft: the batch may be proposed but not yet committed, and is answered
                 // once this very batch is (`Replication::duplicate`).
                 return Ok(self.replication.duplicate(&header, appended));

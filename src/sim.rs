@@ -309,12 +309,7 @@ async fn produce(
             base_offset,
             timestamp,
         } => {
-            let appended = Appended {
-                base_offset,
-                end_offset: base_offset + i64::from(header.record_count),
-                log_append_time_ms: timestamp,
-                duplicate: true,
-            };
+            let appended = Appended::duplicate(&header, base_offset, timestamp);
             let replica = node.replica.clone();
             replica.confirm_duplicate(header, appended).await
         }

@@ -139,7 +139,7 @@ impl<F: Fs> PartitionStateMachine<F> {
     /// The snapshot to take now: through the entry retention asked for (`snapshot_through`)
     /// or else the last applied one. It names the current membership, so it never ends
     /// before the entry that set it (partition groups set theirs once, at creation).
-    fn current(&self) -> (Meta, SnapshotData) {
+    fn current(&self) -> (Meta, Option<i64>) {
         let (last, next) = match (&self.store, self.last_applied) {
             (Some(store), Some(applied)) => {
                 let wanted = store
@@ -158,17 +158,34 @@ impl<F: Fs> PartitionStateMachine<F> {
                     )
                 })
             }
-            (_, applied) => return (self.meta(applied), SnapshotData::default()),
+            (_, applied) => return (self.meta(applied), None),
+        };
+        (self.meta(Some(last)), Some(next))
+    }
+
+    /// What a snapshot ending at Kafka offset `next` carries (the partition's state as of
+    /// there); nothing without one (no log, or nothing applied).
+    fn data_at(&self, next: Option<i64>) -> SnapshotData {
+        let Some(next_offset) = next else {
+            return SnapshotData::default();
         };
         let partition_state = self
             .state_at
             .as_ref()
-            .map_or_else(Bytes::new, |at| at(next));
-        let data = SnapshotData {
-            next_offset: next,
+            .map_or_else(Bytes::new, |at| at(next_offset));
+        SnapshotData {
+            next_offset,
             partition_state,
-        };
-        (self.meta(Some(last)), data)
+        }
+    }
+
+    fn taker(&self, meta: Meta, next: SnapshotData) -> SnapshotTaker<F> {
+        SnapshotTaker {
+            meta,
+            next,
+            store: self.store.clone(),
+            keeping: self.keeping.clone(),
+        }
     }
 
     fn meta(&self, last_log_id: Option<EntryLogId>) -> Meta {
@@ -271,30 +288,25 @@ impl<C: PartitionTypes, F: Fs> RaftStateMachine<C> for PartitionStateMachine<F> 
 
     async fn get_snapshot_builder(&mut self) -> SnapshotTaker<F> {
         let (meta, next) = self.current();
-        SnapshotTaker {
-            meta,
-            next,
-            store: self.store.clone(),
-            keeping: self.keeping.clone(),
-        }
+        self.taker(meta, self.data_at(next))
     }
 
     async fn try_create_snapshot_builder(&mut self, force: bool) -> Option<SnapshotTaker<F>> {
-        let mut taker = RaftStateMachine::<C>::get_snapshot_builder(self).await;
-        if let Some((meta, next)) = &self.snapshot {
-            if meta.last_log_id >= taker.meta.last_log_id {
-                // Nothing newer to take (retention asked for an entry the snapshot in place,
-                // perhaps the leader's, already covers): openraft gets that one when it must.
-                if !force {
-                    return None;
-                }
-                (taker.meta, taker.next) = (meta.clone(), next.clone());
+        let (meta, next) = self.current();
+        let (meta, data) = match &self.snapshot {
+            // Nothing newer to take (retention asked for an entry the snapshot in place,
+            // perhaps the leader's, already covers): openraft gets that one when it must.
+            // Checked before the partition's state is gathered for a snapshot not taken.
+            Some((kept, _)) if kept.last_log_id >= meta.last_log_id && !force => return None,
+            Some((kept, data)) if kept.last_log_id >= meta.last_log_id => {
+                (kept.clone(), data.clone())
             }
-        }
+            _ => (meta, self.data_at(next)),
+        };
         // The builder's snapshot becomes the current one as soon as it is taken; openraft
         // purges nothing it covers before the builder has kept it.
-        self.snapshot = Some((taker.meta.clone(), taker.next.clone()));
-        Some(taker)
+        self.snapshot = Some((meta.clone(), data.clone()));
+        Some(self.taker(meta, data))
     }
 
     async fn install_snapshot(&mut self, meta: &Meta, data: SnapshotData) -> io::Result<()> {

@@ -311,7 +311,8 @@ impl<H: Host> Replica<H> {
                 }
                 let Some(entry) = entry else { return };
                 let index = entry.log_id.index;
-                host.applied(entry, view.base_offset(index));
+                let base = view.base_offset(index);
+                host.applied(entry, base);
                 let EntryPayload::Normal(Batch(bytes)) = &entry.payload else {
                     return;
                 };
@@ -325,7 +326,7 @@ impl<H: Host> Replica<H> {
                             log_start_asked.notify_one();
                         }
                     }
-                } else if let Some(base) = view.base_offset(index) {
+                } else if let Some(base) = base {
                     producers.borrow_mut().record(&BatchHeader {
                         base_offset: base,
                         ..header

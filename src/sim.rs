@@ -16,19 +16,22 @@
 //! - clients are idempotent producers, one batch in flight each, that retry a batch until it
 //!   is acknowledged (after an error, or a timeout drawn per attempt, 0.3 to 3 s, as a client
 //!   with a short `request.timeout.ms` would), so retries meet their originals in every
-//!   state.
+//!   state;
+//! - consumers fetch from where they got to (`fetch`, as the Fetch handler does: the read
+//!   lease, then the log up to the HW), moving to the log start when retention passed them.
 //!
-//! The checkers are the bare world's, plus three: an acknowledgement names a Kafka offset,
+//! The checkers are the bare world's, plus these: an acknowledgement names a Kafka offset,
 //! and the batch must have been applied there (`Checker::acked_at`: a retry confirmed at
 //! offsets that hold another batch is "misreported"); a record applied at two indexes is a
-//! duplicate the producer state let through; and an answer a correct broker never gives to
-//! these batches (out of sequence from a leader with a lease, anything but a retriable
-//! error) is "refused".
+//! duplicate the producer state let through; an answer a correct broker never gives to
+//! these batches and fetches (out of sequence from a leader with a lease, anything but a
+//! retriable error) is "refused"; and a fetch must see a HW no lower than what clients were
+//! shown committed before it asked, and read only batches below it that were applied where
+//! it read them (`Checker::fetched`: "stale read", "read past the HW", "read uncommitted").
 //!
 //! Not simulated yet: quiescence and the coalesced beats (`Replica::tend`; leaders run check
 //! quorum as the bare world does), preferred-leader handovers, DeleteRecords' log-start
-//! entries, Fetch and ListOffsets (the read lease is exercised only through out-of-sequence
-//! refusals), the controller and the group coordinator.
+//! entries, ListOffsets and long-polling fetches, the controller and the group coordinator.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -165,8 +168,9 @@ struct Node {
 /// The fixes `--replica` can undo (`raft::unfix`), to show the checker finds each defect:
 /// `c`, issue 17's defect c (a retry confirmed by its original's offsets alone);
 /// `producers`, snapshots without the producer state; `lease`, a refusal out of sequence
-/// without the leader's lease.
-pub const UNFIXES: [&str; 3] = ["c", "producers", "lease"];
+/// without the leader's lease; `reads`, issue 17's defect e (reads answered without a
+/// lease).
+pub const UNFIXES: [&str; 4] = ["c", "producers", "lease", "reads"];
 
 /// The broker's replica on every node (see the module doc).
 pub struct ReplicaMode {
@@ -202,6 +206,7 @@ impl Mode for ReplicaMode {
         unfix::set_offsets_confirm_duplicates(undone("c"));
         unfix::set_snapshots_without_producers(undone("producers"));
         unfix::set_out_of_order_without_lease(undone("lease"));
+        unfix::set_reads_without_lease(undone("reads"));
         async move {
             let NodeCtx {
                 node,
@@ -265,6 +270,10 @@ impl Mode for ReplicaMode {
 
     fn client(&self, id: u32, ctx: ClientCtx) -> LocalBoxFuture<'static, ()> {
         producer(id, ctx, self.nodes.clone()).boxed_local()
+    }
+
+    fn consumer(&self, id: u32, ctx: ClientCtx) -> Option<LocalBoxFuture<'static, ()>> {
+        Some(consumer(id, ctx, self.nodes.clone()).boxed_local())
     }
 
     fn crashed(&self, node: NodeId) {
@@ -376,6 +385,7 @@ async fn producer(id: u32, ctx: ClientCtx, nodes: Rc<RefCell<BTreeMap<NodeId, Rc
             match answer {
                 Ok(Ok(Ok(appended))) => {
                     checker.acked_at(record, appended.base_offset);
+                    checker.shown(appended.end_offset);
                     last_ack.set(SimInstant::now());
                     break;
                 }
@@ -402,5 +412,115 @@ async fn producer(id: u32, ctx: ClientCtx, nodes: Rc<RefCell<BTreeMap<NodeId, Rc
         seq += 1;
         sequence += header.record_count;
         SimRuntime::sleep(Duration::from_millis(random_u64() % 20)).await;
+    }
+}
+
+/// A fetch's answer: the HW and the client batches read (base offset, end offset, record).
+struct Fetched {
+    high_watermark: i64,
+    batches: Vec<(i64, i64, Record)>,
+}
+
+/// A fetch from `offset` on the node: what the Fetch handler does (`Partition::check_read`,
+/// then `Partition::read`): the leader's lease, then the log up to the HW. Control batches
+/// (Raft's own entries) are skipped, as consumers skip them.
+async fn fetch(node: Rc<Node>, offset: i64) -> Result<Fetched, BrokerError> {
+    if !node.replica.is_leader() {
+        return Err(BrokerError::NotLeaderOrFollower);
+    }
+    node.replica.read_lease().await?;
+    if !node.replica.is_leader() {
+        return Err(BrokerError::NotLeaderOrFollower);
+    }
+    let high_watermark = node.replica.high_watermark();
+    let bytes = node
+        .log
+        .read(offset, 2000, high_watermark, true)
+        .await
+        .map_err(BrokerError::from_log)?;
+    let mut batches = Vec::new();
+    let mut rest = &bytes[..];
+    while !rest.is_empty() {
+        let header = BatchHeader::parse(rest)
+            .map_err(|e| BrokerError::Storage(format!("a fetch read a bad batch: {e}")))?;
+        let len = header.batch_length as usize + 12;
+        let batch = rest.get(..len).ok_or_else(|| {
+            BrokerError::Storage(format!("a fetch read a batch cut at {}", rest.len()))
+        })?;
+        batch::verify(batch)
+            .map_err(|e| BrokerError::Storage(format!("a fetch read a corrupt batch: {e}")))?;
+        if !header.is_control() {
+            let record = Record {
+                client: (header.base_timestamp >> 32) as u32,
+                seq: header.base_timestamp as u32,
+            };
+            batches.push((header.base_offset, header.next_offset(), record));
+        }
+        rest = &rest[len..];
+    }
+    Ok(Fetched {
+        high_watermark,
+        batches,
+    })
+}
+
+/// A consumer: fetches from where it got to, from the node it believes leads, and reports
+/// every answer to the checker (`Checker::fetched`) with what clients had been shown
+/// committed when it asked; a position below the log start (retention) moves to it, as
+/// `auto.offset.reset=earliest` does.
+async fn consumer(id: u32, ctx: ClientCtx, nodes: Rc<RefCell<BTreeMap<NodeId, Rc<Node>>>>) {
+    let ClientCtx {
+        net, checker, stop, ..
+    } = ctx;
+    let random_node = || NODES[(random_u64() % NODES.len() as u64) as usize];
+    let mut target = NODES[id as usize % NODES.len()];
+    let mut position = 0;
+    while !stop.get() {
+        let node = nodes.borrow().get(&target).cloned();
+        let visible = checker.visible();
+        let (tx, rx) = futures::channel::oneshot::channel();
+        if let Some(node) = node.clone() {
+            let net = net.clone();
+            spawn_on(target, async move {
+                SimRuntime::sleep(network_delay(&net)).await;
+                let answer = fetch(node.clone(), position).await;
+                let log_start = node.log.start_offset();
+                SimRuntime::sleep(network_delay(&net)).await;
+                let _ = tx.send((answer, log_start));
+            });
+        }
+        let pause = match SimRuntime::timeout(Duration::from_secs(3), rx).await {
+            Ok(Ok((Ok(fetched), _))) => {
+                checker.fetched(target, visible, fetched.high_watermark, &fetched.batches);
+                match fetched.batches.last() {
+                    Some(&(_, end, _)) => {
+                        position = end;
+                        Duration::from_millis(5)
+                    }
+                    None => Duration::from_millis(50),
+                }
+            }
+            Ok(Ok((Err(BrokerError::OffsetOutOfRange), log_start))) if position < log_start => {
+                position = log_start;
+                Duration::ZERO
+            }
+            Ok(Ok((Err(BrokerError::NotLeaderOrFollower), _))) => {
+                let hint = node.and_then(|n| n.replica.leader()).map(|l| l as NodeId);
+                target = hint.filter(|&l| l != target).unwrap_or_else(random_node);
+                Duration::from_millis(10)
+            }
+            Ok(Ok((Err(BrokerError::Storage(_)), _))) | Ok(Err(_)) | Err(_) => {
+                target = random_node();
+                Duration::from_millis(50)
+            }
+            Ok(Ok((Err(e), _))) => {
+                checker.violation(format!(
+                    "refused: consumer {id}'s fetch at offset {position} refused by node \
+                     {target}: {e}"
+                ));
+                return;
+            }
+        };
+        SimRuntime::sleep(pause).await;
     }
 }

@@ -605,6 +605,14 @@ impl<H: Host> Replica<H> {
     /// followers thus stops serving what a new leader on the other side may have changed
     /// already (issue 17, e): NOT_LEADER_OR_FOLLOWER.
     pub async fn read_lease(&self) -> Result<(), BrokerError> {
+        if unfix::reads_without_lease() && self.is_leader() {
+            return Ok(());
+        }
+        self.show_lease().await
+    }
+
+    /// `read_lease`: a current lease, renewed if need be.
+    async fn show_lease(&self) -> Result<(), BrokerError> {
         if self.has_read_lease() {
             return Ok(());
         }
@@ -962,7 +970,7 @@ impl<H: Host> Replica<H> {
             if unfix::out_of_order_without_lease() {
                 return BrokerError::OutOfOrderSequence;
             }
-            let lease = self.read_lease().await;
+            let lease = self.show_lease().await;
             let current = self.raft.metrics().borrow_watched().current_term;
             match lease {
                 Ok(()) if current == term => BrokerError::OutOfOrderSequence,
@@ -1158,7 +1166,7 @@ impl<H: Host> Replica<H> {
 }
 
 /// Simulation only: fixes that the replica simulator can undo on its own thread
-/// (`ferrolog-sim --replica --unfix c|producers|lease`), to show that its checker finds the
+/// (`ferrolog-sim --replica --unfix c|producers|lease|reads`), to show that its checker finds the
 /// defects. The broker never sets them.
 pub mod unfix {
     use std::cell::Cell;
@@ -1167,6 +1175,17 @@ pub mod unfix {
         static OFFSETS_CONFIRM_DUPLICATES: Cell<bool> = const { Cell::new(false) };
         static SNAPSHOTS_WITHOUT_PRODUCERS: Cell<bool> = const { Cell::new(false) };
         static OUT_OF_ORDER_WITHOUT_LEASE: Cell<bool> = const { Cell::new(false) };
+        static READS_WITHOUT_LEASE: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// Defect e of issue 17: a leader answers reads without a lease, so one cut off from its
+    /// followers serves what a new leader may have changed already.
+    pub fn set_reads_without_lease(on: bool) {
+        READS_WITHOUT_LEASE.with(|c| c.set(on));
+    }
+
+    pub(super) fn reads_without_lease() -> bool {
+        READS_WITHOUT_LEASE.with(Cell::get)
     }
 
     /// A leader refuses a batch out of sequence at once, lease or not, as a deposed one

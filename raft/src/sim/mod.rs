@@ -112,6 +112,8 @@ openraft::declare_raft_types!(
 /// The nodes of the group (node 0 is where the clients run; it never fails).
 pub const NODES: [NodeId; 3] = [1, 2, 3];
 const CLIENTS: u32 = 3;
+/// Consumers, for a mode that runs them (`Mode::consumer`).
+const CONSUMERS: u32 = 2;
 /// How long a client waits for an acknowledgement before it gives the record up.
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The partition directory on every node's disk.
@@ -149,6 +151,16 @@ pub struct Checker {
     starts_inside: Cell<u64>,
     /// Set once the clients stop: retention stops too.
     retention_stopped: Cell<bool>,
+    /// The record first applied at each Kafka offset.
+    at_offset: RefCell<BTreeMap<i64, Record>>,
+    /// What consumers read at each Kafka offset.
+    read: RefCell<BTreeMap<i64, Record>>,
+    /// What clients have been shown to be committed: offsets below it were acknowledged, or
+    /// below a HW a fetch was answered with. A fetch asked later must see a HW at least as
+    /// high.
+    shown: Cell<i64>,
+    /// Batches consumers read.
+    reads: Cell<u64>,
 }
 
 impl Checker {
@@ -189,6 +201,14 @@ impl Checker {
             if at != index {
                 self.violation(format!("record {r} applied at index {at} and at {index}"));
             }
+            self.at_offset.borrow_mut().entry(offset).or_insert(r);
+            let read = self.read.borrow().get(&offset).copied();
+            if read.is_some_and(|read| read != r) {
+                self.violation(format!(
+                    "read uncommitted: a consumer read {} at offset {offset}, {r} applied there",
+                    read.expect("checked")
+                ));
+            }
         }
     }
 
@@ -214,6 +234,48 @@ impl Checker {
                 "misreported: {record} acknowledged at offset {offset}, applied nowhere"
             )),
         }
+    }
+
+    /// A client was shown that the offsets below `offset` are committed (an
+    /// acknowledgement's end offset).
+    pub fn shown(&self, offset: i64) {
+        self.shown.set(self.shown.get().max(offset));
+    }
+
+    /// The offset every later fetch must see the HW at or above (`shown`).
+    pub fn visible(&self) -> i64 {
+        self.shown.get()
+    }
+
+    /// Node `node` answered a consumer's fetch with HW `hw` and `batches` (base offset, end
+    /// offset, record), the fetch asked once `visible` had been shown. The HW must not be
+    /// below `visible` (else the node served a stale read: issue 17's defect e), and every
+    /// batch read must be below the HW and be what was applied at its offset.
+    pub fn fetched(&self, node: NodeId, visible: i64, hw: i64, batches: &[(i64, i64, Record)]) {
+        if hw < visible {
+            self.violation(format!(
+                "stale read: node {node} answered a fetch with HW {hw}, though offsets up to \
+                 {visible} had been shown committed before it was asked"
+            ));
+        }
+        for &(base, end, record) in batches {
+            if end > hw {
+                self.violation(format!(
+                    "read past the HW: node {node} returned {record} at offsets {base}..{end}, \
+                     HW {hw}"
+                ));
+            }
+            let applied = self.at_offset.borrow().get(&base).copied();
+            if applied != Some(record) {
+                self.violation(format!(
+                    "read uncommitted: node {node} returned {record} at offset {base}, \
+                     where {applied:?} was applied"
+                ));
+            }
+            self.read.borrow_mut().entry(base).or_insert(record);
+        }
+        self.reads.set(self.reads.get() + batches.len() as u64);
+        self.shown(hw);
     }
 
     pub fn violation(&self, what: String) {
@@ -338,6 +400,8 @@ pub struct Outcome {
     pub purges: u64,
     pub starts_inside: u64,
     pub snapshots_installed: u64,
+    /// Batches consumers read.
+    pub reads: u64,
     pub fingerprint: u64,
 }
 
@@ -726,6 +790,11 @@ pub trait Mode: fmt::Debug {
     fn start(&self, ctx: NodeCtx) -> LocalBoxFuture<'static, ()>;
     /// Client `id`: writes records until `ctx.stop`, reporting its acknowledgements.
     fn client(&self, id: u32, ctx: ClientCtx) -> LocalBoxFuture<'static, ()>;
+    /// Consumer `id`, if the mode runs consumers: reads the partition until `ctx.stop`,
+    /// reporting each answer to `Checker::fetched`.
+    fn consumer(&self, _id: u32, _ctx: ClientCtx) -> Option<LocalBoxFuture<'static, ()>> {
+        None
+    }
     /// Node `node` crashed: whatever ran on it is gone.
     fn crashed(&self, _node: NodeId) {}
     /// Whether the nodes initialize their group themselves; else node 1's is initialized
@@ -1091,6 +1160,17 @@ fn run_world(options: &Options) -> Outcome {
         };
         spawn_on(0, world.mode.client(id, ctx));
     }
+    for id in 0..CONSUMERS {
+        let ctx = ClientCtx {
+            net: world.net.clone(),
+            checker: checker.clone(),
+            stop: stop.clone(),
+            last_ack: last_ack.clone(),
+        };
+        if let Some(consumer) = world.mode.consumer(id, ctx) {
+            spawn_on(0, consumer);
+        }
+    }
 
     let start = world.sim.now();
     for (at, _, action) in actions(&events) {
@@ -1151,6 +1231,7 @@ fn run_world(options: &Options) -> Outcome {
         purges: checker.purges.get(),
         starts_inside: checker.starts_inside.get(),
         snapshots_installed: world.net.snapshots_installed.get(),
+        reads: checker.reads.get(),
         fingerprint: checker.fingerprint.get(),
     };
     for n in NODES {

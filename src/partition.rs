@@ -188,6 +188,12 @@ impl Partition {
             .await
     }
 
+    /// The log start clients see (`Replication::log_start`): records below it are deleted,
+    /// whether or not this replica's log has dropped them yet.
+    pub fn log_start(&self) -> i64 {
+        self.replication.log_start(&self.log)
+    }
+
     /// Applies retention (`Replication::apply_retention`); None: nothing to do.
     pub async fn apply_retention(&self, now_ms: i64, full: bool) -> Option<std::io::Result<()>> {
         let settings = self.settings();
@@ -325,6 +331,10 @@ impl Partition {
             return Err(BrokerError::NotLeaderOrFollower);
         }
         let hw = self.high_watermark();
+        let log_start = self.log_start();
+        if offset < log_start {
+            return Err(BrokerError::OffsetOutOfRange);
+        }
         let records = self
             .log
             .read(offset, max_bytes, hw, first_in_response)
@@ -333,7 +343,7 @@ impl Partition {
         Ok(ReadResult {
             records,
             high_watermark: hw,
-            log_start_offset: self.log.start_offset(),
+            log_start_offset: log_start,
         })
     }
 

@@ -18,20 +18,27 @@
 //!   with a short `request.timeout.ms` would), so retries meet their originals in every
 //!   state;
 //! - consumers fetch from where they got to (`fetch`, as the Fetch handler does: the read
-//!   lease, then the log up to the HW), moving to the log start when retention passed them.
+//!   lease, then the log up to the HW), and ask ListOffsets for the earliest offset when
+//!   retention passed them, and now and then for the earliest or the latest;
+//! - an admin deletes records every few seconds (`delete_records`, as the DeleteRecords
+//!   handler does), and each follower moves its log start once it applies the log-start
+//!   entry (`follow_log_start`, as the shard's retention loop does).
 //!
 //! The checkers are the bare world's, plus these: an acknowledgement names a Kafka offset,
 //! and the batch must have been applied there (`Checker::acked_at`: a retry confirmed at
 //! offsets that hold another batch is "misreported"); a record applied at two indexes is a
 //! duplicate the producer state let through; an answer a correct broker never gives to
 //! these batches and fetches (out of sequence from a leader with a lease, anything but a
-//! retriable error) is "refused"; and a fetch must see a HW no lower than what clients were
+//! retriable error) is "refused"; a fetch must see a HW no lower than what clients were
 //! shown committed before it asked, and read only batches below it that were applied where
-//! it read them (`Checker::fetched`: "stale read", "read past the HW", "read uncommitted").
+//! it read them (`Checker::fetched`: "stale read", "read past the HW", "read uncommitted");
+//! and after DeleteRecords answered with a low watermark, nothing below it may be read or
+//! answered as the earliest offset (`Checker::fetched`, `Checker::listed`: "read deleted",
+//! "stale log start").
 //!
 //! Not simulated yet: quiescence and the coalesced beats (`Replica::tend`; leaders run check
-//! quorum as the bare world does), preferred-leader handovers, DeleteRecords' log-start
-//! entries, ListOffsets and long-polling fetches, the controller and the group coordinator.
+//! quorum as the bare world does), preferred-leader handovers, long-polling fetches,
+//! ListOffsets by timestamp, the controller and the group coordinator.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -78,7 +85,12 @@ struct SimHost {
     net: Rc<Net>,
     disk: SimFs,
     checker: Rc<Checker>,
+    /// Every running node's partition, whose log starts `log_start` asks for.
+    nodes: Nodes,
 }
+
+/// The running nodes' partitions.
+type Nodes = Rc<RefCell<BTreeMap<NodeId, Rc<Node>>>>;
 
 impl Host for SimHost {
     type Raft = SimRaft;
@@ -123,11 +135,17 @@ impl Host for SimHost {
     }
     fn log_start(
         &self,
-        _node_id: u64,
+        node_id: u64,
         _group: GroupId,
-        _ttl: Duration,
+        ttl: Duration,
     ) -> LocalBoxFuture<'_, Result<i64, String>> {
-        async { Err("no log-start queries in the simulation".to_string()) }.boxed_local()
+        let nodes = self.nodes.clone();
+        let ask = move |_, ()| {
+            let start = nodes.borrow().get(&node_id).map(|n| n.log.start_offset());
+            async move { start }
+        };
+        let answer = self.net.call(self.node, node_id, ttl, (), ask);
+        async move { answer.await.map_err(|e| e.to_string()) }.boxed_local()
     }
     fn liveness(&self, _node_id: u64, _group: GroupId, _within: Duration) -> (bool, u64) {
         (true, 0)
@@ -169,14 +187,17 @@ struct Node {
 /// `c`, issue 17's defect c (a retry confirmed by its original's offsets alone);
 /// `producers`, snapshots without the producer state; `lease`, a refusal out of sequence
 /// without the leader's lease; `reads`, issue 17's defect e (reads answered without a
-/// lease).
-pub const UNFIXES: [&str; 4] = ["c", "producers", "lease", "reads"];
+/// lease); `resync`, a leader's producer state rebuilt while a batch that timed out
+/// uncommitted is still in its log; `read-start`, reads that see the log's own start, so a
+/// leader elected before it moved its log start to a log-start entry's serves deleted
+/// records.
+pub const UNFIXES: [&str; 6] = ["c", "producers", "lease", "reads", "resync", "read-start"];
 
 /// The broker's replica on every node (see the module doc).
 pub struct ReplicaMode {
     /// Which of `UNFIXES` are undone.
     unfixed: Vec<&'static str>,
-    nodes: Rc<RefCell<BTreeMap<NodeId, Rc<Node>>>>,
+    nodes: Nodes,
 }
 
 impl ReplicaMode {
@@ -207,6 +228,8 @@ impl Mode for ReplicaMode {
         unfix::set_snapshots_without_producers(undone("producers"));
         unfix::set_out_of_order_without_lease(undone("lease"));
         unfix::set_reads_without_lease(undone("reads"));
+        unfix::set_resync_with_tail(undone("resync"));
+        unfix::set_reads_below_asked_start(undone("read-start"));
         async move {
             let NodeCtx {
                 node,
@@ -224,7 +247,9 @@ impl Mode for ReplicaMode {
                 net: net.clone(),
                 disk: disk.clone(),
                 checker: checker.clone(),
+                nodes: nodes.clone(),
             });
+            let log_start_asked = Rc::new(tokio::sync::Notify::new());
             let replicas: Vec<i32> = NODES.iter().map(|&n| n as i32).collect();
             let placement = Placement {
                 node_id: node as i32,
@@ -232,7 +257,7 @@ impl Mode for ReplicaMode {
                 addrs: &BTreeMap::new(),
                 group: GROUP,
                 lag_max: Duration::from_secs(10),
-                log_start_asked: Rc::default(),
+                log_start_asked: log_start_asked.clone(),
                 transport: &host,
             };
             let opened = Replica::open(Path::new(DIR), ferrolog_raft::sim::log_config(), placement);
@@ -253,14 +278,13 @@ impl Mode for ReplicaMode {
             let raft = replica.raft.clone();
             let view = replica.view.clone();
             spawn_on(node, retention(raft.clone(), view, log.clone(), checker));
-            nodes.borrow_mut().insert(
-                node,
-                Rc::new(Node {
-                    replica,
-                    log,
-                    producers: RefCell::default(),
-                }),
-            );
+            let this = Rc::new(Node {
+                replica,
+                log,
+                producers: RefCell::default(),
+            });
+            spawn_on(node, follow_log_start(this.clone(), log_start_asked));
+            nodes.borrow_mut().insert(node, this);
             if check_quorum {
                 tend(node, raft, net).await;
             }
@@ -272,8 +296,13 @@ impl Mode for ReplicaMode {
         producer(id, ctx, self.nodes.clone()).boxed_local()
     }
 
-    fn consumer(&self, id: u32, ctx: ClientCtx) -> Option<LocalBoxFuture<'static, ()>> {
-        Some(consumer(id, ctx, self.nodes.clone()).boxed_local())
+    fn others(&self, ctx: ClientCtx) -> Vec<LocalBoxFuture<'static, ()>> {
+        let nodes = &self.nodes;
+        vec![
+            consumer(0, ctx.clone(), nodes.clone()).boxed_local(),
+            consumer(1, ctx.clone(), nodes.clone()).boxed_local(),
+            deleter(ctx, nodes.clone()).boxed_local(),
+        ]
     }
 
     fn crashed(&self, node: NodeId) {
@@ -354,7 +383,7 @@ fn idempotent_batch(record: Record, producer_id: i64, sequence: i32) -> (Bytes, 
 /// and retries each, unchanged, until it is acknowledged. What a Kafka producer retries
 /// (NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT, KAFKA_STORAGE_ERROR, no answer) it retries;
 /// any other answer is a violation (a correct broker gives none to these batches).
-async fn producer(id: u32, ctx: ClientCtx, nodes: Rc<RefCell<BTreeMap<NodeId, Rc<Node>>>>) {
+async fn producer(id: u32, ctx: ClientCtx, nodes: Nodes) {
     let ClientCtx {
         net,
         checker,
@@ -433,6 +462,9 @@ async fn fetch(node: Rc<Node>, offset: i64) -> Result<Fetched, BrokerError> {
         return Err(BrokerError::NotLeaderOrFollower);
     }
     let high_watermark = node.replica.high_watermark();
+    if offset < node.replica.log_start(&node.log) {
+        return Err(BrokerError::OffsetOutOfRange);
+    }
     let bytes = node
         .log
         .read(offset, 2000, high_watermark, true)
@@ -464,17 +496,46 @@ async fn fetch(node: Rc<Node>, offset: i64) -> Result<Fetched, BrokerError> {
     })
 }
 
+/// What a consumer asks a node: a fetch from an offset, or ListOffsets for the earliest or
+/// the latest offset.
+#[derive(Clone, Copy)]
+enum Ask {
+    Fetch(i64),
+    Earliest,
+    Latest,
+}
+
+/// A node's answer to an `Ask`.
+enum Answer {
+    Fetched(Fetched),
+    Offset(i64),
+}
+
+/// ListOffsets on the node, as its handler answers earliest (-2) and latest (-1): the
+/// leader's lease, then the log start or the HW.
+async fn list_offset(node: Rc<Node>, earliest: bool) -> Result<i64, BrokerError> {
+    if !node.replica.is_leader() {
+        return Err(BrokerError::NotLeaderOrFollower);
+    }
+    node.replica.read_lease().await?;
+    Ok(match earliest {
+        true => node.replica.log_start(&node.log),
+        false => node.replica.high_watermark(),
+    })
+}
+
 /// A consumer: fetches from where it got to, from the node it believes leads, and reports
-/// every answer to the checker (`Checker::fetched`) with what clients had been shown
-/// committed when it asked; a position below the log start (retention) moves to it, as
-/// `auto.offset.reset=earliest` does.
-async fn consumer(id: u32, ctx: ClientCtx, nodes: Rc<RefCell<BTreeMap<NodeId, Rc<Node>>>>) {
+/// every answer to the checker (`Checker::fetched`, `Checker::listed`) with what clients had
+/// been shown when it asked. It starts at the earliest offset, goes there again when its
+/// position fell below the log start (`auto.offset.reset=earliest`), and now and then seeks
+/// to the beginning or the end.
+async fn consumer(id: u32, ctx: ClientCtx, nodes: Nodes) {
     let ClientCtx {
         net, checker, stop, ..
     } = ctx;
     let random_node = || NODES[(random_u64() % NODES.len() as u64) as usize];
     let mut target = NODES[id as usize % NODES.len()];
-    let mut position = 0;
+    let mut ask = Ask::Earliest;
     while !stop.get() {
         let node = nodes.borrow().get(&target).cloned();
         let visible = checker.visible();
@@ -483,44 +544,151 @@ async fn consumer(id: u32, ctx: ClientCtx, nodes: Rc<RefCell<BTreeMap<NodeId, Rc
             let net = net.clone();
             spawn_on(target, async move {
                 SimRuntime::sleep(network_delay(&net)).await;
-                let answer = fetch(node.clone(), position).await;
-                let log_start = node.log.start_offset();
+                let answer = match ask {
+                    Ask::Fetch(offset) => fetch(node, offset).await.map(Answer::Fetched),
+                    Ask::Earliest => list_offset(node, true).await.map(Answer::Offset),
+                    Ask::Latest => list_offset(node, false).await.map(Answer::Offset),
+                };
                 SimRuntime::sleep(network_delay(&net)).await;
-                let _ = tx.send((answer, log_start));
+                let _ = tx.send(answer);
             });
         }
         let pause = match SimRuntime::timeout(Duration::from_secs(3), rx).await {
-            Ok(Ok((Ok(fetched), _))) => {
-                checker.fetched(target, visible, fetched.high_watermark, &fetched.batches);
-                match fetched.batches.last() {
-                    Some(&(_, end, _)) => {
-                        position = end;
-                        Duration::from_millis(5)
-                    }
-                    None => Duration::from_millis(50),
+            Ok(Ok(Ok(Answer::Fetched(fetched)))) => {
+                let Ask::Fetch(from) = ask else {
+                    unreachable!("a fetch answers a fetch")
+                };
+                let (hw, batches) = (fetched.high_watermark, &fetched.batches);
+                checker.fetched(target, visible, from, hw, batches);
+                let read = fetched.batches.last().map(|&(_, end, _)| end);
+                if let (Some(end), Ask::Fetch(_)) = (read, ask) {
+                    ask = Ask::Fetch(end);
                 }
+                ask = match random_u64() % 20 {
+                    0 => Ask::Earliest,
+                    1 => Ask::Latest,
+                    _ => ask,
+                };
+                Duration::from_millis(if read.is_some() { 5 } else { 50 })
             }
-            Ok(Ok((Err(BrokerError::OffsetOutOfRange), log_start))) if position < log_start => {
-                position = log_start;
+            Ok(Ok(Ok(Answer::Offset(offset)))) => {
+                checker.listed(target, visible, matches!(ask, Ask::Earliest), offset);
+                ask = Ask::Fetch(offset);
                 Duration::ZERO
             }
-            Ok(Ok((Err(BrokerError::NotLeaderOrFollower), _))) => {
+            Ok(Ok(Err(BrokerError::OffsetOutOfRange))) => {
+                ask = Ask::Earliest;
+                Duration::ZERO
+            }
+            Ok(Ok(Err(BrokerError::NotLeaderOrFollower))) => {
                 let hint = node.and_then(|n| n.replica.leader()).map(|l| l as NodeId);
                 target = hint.filter(|&l| l != target).unwrap_or_else(random_node);
                 Duration::from_millis(10)
             }
-            Ok(Ok((Err(BrokerError::Storage(_)), _))) | Ok(Err(_)) | Err(_) => {
+            Ok(Ok(Err(BrokerError::Storage(_)))) | Ok(Err(_)) | Err(_) => {
                 target = random_node();
                 Duration::from_millis(50)
             }
-            Ok(Ok((Err(e), _))) => {
+            Ok(Ok(Err(e))) => {
                 checker.violation(format!(
-                    "refused: consumer {id}'s fetch at offset {position} refused by node \
-                     {target}: {e}"
+                    "refused: consumer {id}'s request refused by node {target}: {e}"
                 ));
                 return;
             }
         };
         SimRuntime::sleep(pause).await;
+    }
+}
+
+/// The simulated clock in milliseconds, as the broker's `now_ms`.
+fn now_ms() -> i64 {
+    SimInstant::now().since_start().as_millis() as i64
+}
+
+/// What the shard's retention loop does for a follower once it applies a log-start entry
+/// (`Replication::apply_retention`, not full): moves its log start there. The loop serves
+/// every partition of the shard one after another, and waits on each one's snapshot and
+/// purge, so it comes to this one up to seconds later.
+async fn follow_log_start(node: Rc<Node>, asked: Rc<tokio::sync::Notify>) {
+    loop {
+        asked.notified().await;
+        SimRuntime::sleep(Duration::from_millis(random_u64() % 3000)).await;
+        let replica = &node.replica;
+        if replica.log_start_asked(&node.log) && !replica.is_leader() {
+            let _ = replica
+                .apply_retention(&node.log, now_ms(), None, true)
+                .await;
+        }
+    }
+}
+
+/// A DeleteRecords request on the node, up to a random offset between the log start and the
+/// HW: what the DeleteRecords handler does (`Replication::move_log_start`, then
+/// `wait_low_watermark` over the nodes `live` holds, within 5 s). Returns the offset asked
+/// for and the low watermark.
+async fn delete_records(node: Rc<Node>, live: Vec<NodeId>) -> Result<(i64, i64), BrokerError> {
+    if !node.replica.is_leader() {
+        return Err(BrokerError::NotLeaderOrFollower);
+    }
+    let (start, hw) = (node.log.start_offset(), node.replica.high_watermark());
+    let target = start + (random_u64() % (hw - start + 1).max(1) as u64) as i64;
+    let (replica, log) = (&node.replica, &node.log);
+    if !replica.log_start_proposed(target) {
+        replica
+            .propose_log_start(&node.producers, log.end_offset(), target, now_ms())
+            .await?;
+    }
+    if log.start_offset() < target {
+        replica
+            .apply_retention(log, now_ms(), None, true)
+            .await
+            .map_err(|e| BrokerError::RequestTimedOut(e.to_string()))?;
+    }
+    let deadline = SimInstant::now() + Duration::from_secs(5);
+    let live = |id| live.contains(&(id as NodeId));
+    let log = &node.log;
+    node.replica
+        .wait_low_watermark(log, target, live, deadline)
+        .await
+        .map(|low| (target, low))
+}
+
+/// An admin that now and then deletes records (`delete_records`) through the node it
+/// believes leads, and reports each deletion answered (`Checker::deleted`): no fetch asked
+/// later may return a batch wholly below the offset it asked for.
+async fn deleter(ctx: ClientCtx, nodes: Nodes) {
+    let ClientCtx {
+        net, checker, stop, ..
+    } = ctx;
+    let random_node = || NODES[(random_u64() % NODES.len() as u64) as usize];
+    let mut target = random_node();
+    while !stop.get() {
+        SimRuntime::sleep(Duration::from_millis(1000 + random_u64() % 4000)).await;
+        let node = nodes.borrow().get(&target).cloned();
+        let live: Vec<NodeId> = nodes.borrow().keys().copied().collect();
+        let (tx, rx) = futures::channel::oneshot::channel();
+        if let Some(node) = node.clone() {
+            let net = net.clone();
+            spawn_on(target, async move {
+                SimRuntime::sleep(network_delay(&net)).await;
+                let answer = delete_records(node, live).await;
+                SimRuntime::sleep(network_delay(&net)).await;
+                let _ = tx.send(answer);
+            });
+        }
+        match SimRuntime::timeout(Duration::from_secs(10), rx).await {
+            Ok(Ok(Ok((offset, low)))) => checker.deleted(target, offset, low),
+            Ok(Ok(Err(BrokerError::NotLeaderOrFollower))) => {
+                let hint = node.and_then(|n| n.replica.leader()).map(|l| l as NodeId);
+                target = hint.filter(|&l| l != target).unwrap_or_else(random_node);
+            }
+            Ok(Ok(Err(BrokerError::RequestTimedOut(_) | BrokerError::Storage(_))))
+            | Ok(Err(_))
+            | Err(_) => target = random_node(),
+            Ok(Ok(Err(e))) => {
+                checker.violation(format!("refused: a DeleteRecords on node {target}: {e}"));
+                return;
+            }
+        }
     }
 }

@@ -88,16 +88,17 @@ def test_the_readme_replica_command_passes_its_seeds():
 UNFIXED_REPLICA = {
     # Defect c: a retry confirmed by its original's offsets alone, while another batch
     # landed there (or none did).
-    "c": ("39", r"misreported: \S+ acknowledged at offset \d+, applied (at|nowhere)"),
+    "c": ("93", r"misreported: \S+ acknowledged at offset \d+, applied (at|nowhere)"),
     # Snapshots without the producer state: a replica that restarted or installed one took
     # a retry of a batch purged since as a new batch.
-    "producers": ("4", r"record \S+ applied at index \d+ and at \d+"),
+    "producers": ("2", r"record \S+ applied at index \d+ and at \d+"),
     # A leader deposed without knowing it (cut off) refused a producer's next batch as out
     # of sequence, having not seen its successor's batches, instead of showing its lease.
-    "lease": ("126", r"refused: \S+ \(sequence \d+\) refused by node \d: .*out of order sequence"),
-    # Defect e: a leader cut off from its followers answered a consumer's fetch without a
-    # lease, with a HW below what clients had been shown committed meanwhile.
-    "reads": ("80", r"stale read: node \d answered a fetch with HW \d+, though offsets up to \d+"),
+    "lease": ("120", r"refused: \S+ \(sequence \d+\) refused by node \d: .*out of order sequence"),
+    # Defect e: a leader cut off from its followers answered a consumer's fetch or
+    # ListOffsets without a lease, with a HW below what clients had been shown committed
+    # meanwhile.
+    "reads": ("5", r"stale read: node \d answered (a fetch with HW|the latest offset) \d+"),
 }
 
 

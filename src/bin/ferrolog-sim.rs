@@ -49,7 +49,12 @@ struct Args {
     /// replica that restarts or installs one takes a retry of a purged batch as new; with
     /// `--replica`, `lease` lets a leader refuse a batch out of sequence without showing its
     /// lease, as a deposed one that does not know it yet does; with `--replica`, `reads`
-    /// lets a leader answer fetches without a read lease (defect e of issue 17); `straddle` lets a truncation
+    /// lets a leader answer fetches without a read lease (defect e of issue 17); with
+    /// `--replica`, `resync`
+    /// rebuilds a leader's producer state after a refused proposal while a batch that timed
+    /// out uncommitted is still in its log; with `--replica`, `read-start` has reads
+    /// see the log's own start, so a leader elected before it moved its log start to a
+    /// log-start entry's serves deleted records; `straddle` lets a truncation
     /// of a log whose start lies inside its first entry's batch cut below the start; with
     /// `--log`, `g-open` calls a
     /// recovered tail durable without an fsync, `g-truncate` cuts a segment without
@@ -122,7 +127,7 @@ fn main() -> ExitCode {
             (_, true, Some(flag)) => undo |= flag,
             (other, _, _) => {
                 eprintln!(
-                    "ferrolog-sim: unknown --unfix {other:?} (known: a, h, purge, straddle; with --replica: c, producers, lease, reads; with --log: g-open, g-truncate, g-index, g-finish, g-start, g-read, g-failed, g-orphan, g-cut-read, g-start-past-end)"
+                    "ferrolog-sim: unknown --unfix {other:?} (known: a, h, purge, straddle; with --replica: c, producers, lease, reads, resync, read-start; with --log: g-open, g-truncate, g-index, g-finish, g-start, g-read, g-failed, g-orphan, g-cut-read, g-start-past-end)"
                 );
                 return ExitCode::from(2);
             }
@@ -250,7 +255,7 @@ fn check(o: &Options, no_shrink: bool) -> bool {
     let outcome = run(o);
     if outcome.violations.is_empty() {
         println!(
-            "seed {}: ok, {} acks, {} faults, fingerprint {:016x}, {:.1}s; failed disks stopped {} Raft cores; {} purges, {} log starts inside a batch, {} snapshots installed, {} batches read",
+            "seed {}: ok, {} acks, {} faults, fingerprint {:016x}, {:.1}s; failed disks stopped {} Raft cores; {} purges, {} log starts inside a batch, {} snapshots installed, {} batches read, {} DeleteRecords answered",
             o.seed,
             outcome.acked,
             outcome.faults,
@@ -260,7 +265,8 @@ fn check(o: &Options, no_shrink: bool) -> bool {
             outcome.purges,
             outcome.starts_inside,
             outcome.snapshots_installed,
-            outcome.reads
+            outcome.reads,
+            outcome.deletes
         );
         return true;
     }

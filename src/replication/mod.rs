@@ -311,15 +311,25 @@ impl Replication {
                 .await
                 .map_err(BrokerError::from_log),
             Replication::Raft(r) => {
-                if offset > log.start_offset() {
+                if !r.log_start_proposed(offset) {
                     r.propose_log_start(producers, log.end_offset(), offset, now_ms)
                         .await?;
+                }
+                if log.start_offset() < offset {
                     r.apply_retention(log, now_ms, None, true)
                         .await
                         .map_err(|e| BrokerError::RequestTimedOut(e.to_string()))?;
                 }
                 Ok(log.start_offset())
             }
+        }
+    }
+
+    /// The log start clients see (`Replica::log_start`).
+    pub fn log_start(&self, log: &Log) -> i64 {
+        match self {
+            Replication::Local(_) => log.start_offset(),
+            Replication::Raft(r) => r.log_start(log),
         }
     }
 
@@ -342,7 +352,9 @@ impl Replication {
 
     /// Applies retention: with `full`, the topic's limits (a full pass, every
     /// `log.retention.check.interval.ms`); else only a log start a committed Raft entry asked
-    /// a follower for (a leader moved its own when it proposed the entry). None: nothing to do.
+    /// a follower for (a leader moves its own in `move_log_start`, one elected since it
+    /// applied the entry at the next full pass; reads see that start at once, see
+    /// `log_start`). None: nothing to do.
     pub async fn apply_retention(
         &self,
         log: &Log,

@@ -509,6 +509,26 @@ impl<H: Host> Replica<H> {
         self.log_start_wanted.get() > log.start_offset()
     }
 
+    /// The log start that reads see: the log's own, or further on where a log-start entry
+    /// this replica applied asks for it and its log has not moved there yet (a leader
+    /// elected since, whose retention has not acted on it; Kafka, too, moves a log start
+    /// before the segments below it go). Records below it are deleted for clients.
+    pub fn log_start(&self, log: &Log<H::Fs>) -> i64 {
+        let start = log.start_offset();
+        match unfix::reads_below_asked_start() {
+            true => start,
+            false => start.max(self.log_start_wanted.get()),
+        }
+    }
+
+    /// Whether every replica has been asked to start its log at `offset` or later, by a
+    /// log-start entry this replica applied. Else DeleteRecords proposes one, even when this
+    /// leader's own log starts there already (its retention may have moved it): another
+    /// replica's log may start lower, and may lead next.
+    pub fn log_start_proposed(&self, offset: i64) -> bool {
+        self.log_start_wanted.get() >= offset
+    }
+
     /// Kafka's low watermark as a leader sees it: the lowest log start among this replica
     /// and the followers on the nodes `live` takes (a live follower that does not answer
     /// counts as behind). Waits until it reaches `offset` and returns it, or until
@@ -668,12 +688,19 @@ impl<H: Host> Replica<H> {
         if !self.is_leader() {
             return Err(BrokerError::NotLeaderOrFollower);
         }
-        let term = self.raft.metrics().borrow_watched().current_term;
+        let (term, unapplied) = {
+            let m = self.raft.metrics();
+            let m = m.borrow_watched();
+            let applied = m.last_applied.map(|l| l.index);
+            (m.current_term, m.last_log_index > applied)
+        };
         if self.resync.get() && self.ready_term.get() == Some(term) {
             // A batch of this term was refused, yet it is in the producer state and the
-            // predicted offsets: once every proposal in flight is settled (committed, hence
-            // applied, or refused), the applied state is the truth again.
-            if self.in_flight.get() > 0 {
+            // predicted offsets. The applied state is the truth again once every proposal
+            // is settled and everything in this leader's log is applied: a proposal that
+            // timed out waiting for its commit is settled, yet it is in the log and may
+            // still commit, so its retry must still be taken for a duplicate.
+            if self.in_flight.get() > 0 || (unapplied && !unfix::resync_with_tail()) {
                 return Err(BrokerError::NotLeaderOrFollower);
             }
             self.ready_term.set(None);
@@ -1166,7 +1193,7 @@ impl<H: Host> Replica<H> {
 }
 
 /// Simulation only: fixes that the replica simulator can undo on its own thread
-/// (`ferrolog-sim --replica --unfix c|producers|lease|reads`), to show that its checker finds the
+/// (`ferrolog-sim --replica --unfix c|producers|lease|reads|resync|read-start`), to show that its checker finds the
 /// defects. The broker never sets them.
 pub mod unfix {
     use std::cell::Cell;
@@ -1176,6 +1203,30 @@ pub mod unfix {
         static SNAPSHOTS_WITHOUT_PRODUCERS: Cell<bool> = const { Cell::new(false) };
         static OUT_OF_ORDER_WITHOUT_LEASE: Cell<bool> = const { Cell::new(false) };
         static READS_WITHOUT_LEASE: Cell<bool> = const { Cell::new(false) };
+        static RESYNC_WITH_TAIL: Cell<bool> = const { Cell::new(false) };
+        static READS_BELOW_ASKED_START: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// Reads see the log's own start only: a leader elected after it applied a log-start
+    /// entry, before its retention moved its log there, serves the records DeleteRecords
+    /// deleted.
+    pub fn set_reads_below_asked_start(on: bool) {
+        READS_BELOW_ASKED_START.with(|c| c.set(on));
+    }
+
+    pub(super) fn reads_below_asked_start() -> bool {
+        READS_BELOW_ASKED_START.with(Cell::get)
+    }
+
+    /// A leader whose proposal was refused rebuilds its producer state from the applied one
+    /// while its log still holds a batch that timed out uncommitted: that batch may still
+    /// commit, and its retry is appended again.
+    pub fn set_resync_with_tail(on: bool) {
+        RESYNC_WITH_TAIL.with(|c| c.set(on));
+    }
+
+    pub(super) fn resync_with_tail() -> bool {
+        RESYNC_WITH_TAIL.with(Cell::get)
     }
 
     /// Defect e of issue 17: a leader answers reads without a lease, so one cut off from its

@@ -112,8 +112,6 @@ openraft::declare_raft_types!(
 /// The nodes of the group (node 0 is where the clients run; it never fails).
 pub const NODES: [NodeId; 3] = [1, 2, 3];
 const CLIENTS: u32 = 3;
-/// Consumers, for a mode that runs them (`Mode::consumer`).
-const CONSUMERS: u32 = 2;
 /// How long a client waits for an acknowledgement before it gives the record up.
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The partition directory on every node's disk.
@@ -159,6 +157,11 @@ pub struct Checker {
     /// below a HW a fetch was answered with. A fetch asked later must see a HW at least as
     /// high.
     shown: Cell<i64>,
+    /// The highest offset a DeleteRecords answered deleted records up to: a fetch asked
+    /// later must return no batch wholly below it.
+    deleted: Cell<i64>,
+    /// DeleteRecords answered.
+    deletes: Cell<u64>,
     /// Batches consumers read.
     reads: Cell<u64>,
 }
@@ -242,16 +245,54 @@ impl Checker {
         self.shown.set(self.shown.get().max(offset));
     }
 
-    /// The offset every later fetch must see the HW at or above (`shown`).
-    pub fn visible(&self) -> i64 {
-        self.shown.get()
+    /// A DeleteRecords up to `offset` was answered by node `node` with low watermark `low`:
+    /// the records below `offset` are deleted on every replica, also one that was down then
+    /// and leads later (a replica that was live then starts its log at `low` or later, but
+    /// another may keep more, as each applies retention on its own).
+    pub fn deleted(&self, node: NodeId, offset: i64, low: i64) {
+        if low < offset {
+            self.violation(format!(
+                "low watermark: node {node} answered a DeleteRecords up to {offset} with low \
+                 watermark {low}"
+            ));
+        }
+        self.deleted.set(self.deleted.get().max(offset));
+        self.deletes.set(self.deletes.get() + 1);
     }
 
-    /// Node `node` answered a consumer's fetch with HW `hw` and `batches` (base offset, end
-    /// offset, record), the fetch asked once `visible` had been shown. The HW must not be
-    /// below `visible` (else the node served a stale read: issue 17's defect e), and every
-    /// batch read must be below the HW and be what was applied at its offset.
-    pub fn fetched(&self, node: NodeId, visible: i64, hw: i64, batches: &[(i64, i64, Record)]) {
+    /// What a fetch asked now must see: the HW at or above what was `shown` committed, and
+    /// nothing wholly below what was `deleted`.
+    pub fn visible(&self) -> Visible {
+        Visible {
+            committed: self.shown.get(),
+            deleted: self.deleted.get(),
+        }
+    }
+
+    /// Node `node` answered a consumer's fetch from `offset` with HW `hw` and `batches` (base
+    /// offset, end offset, record), the fetch asked once `visible` had been shown. The HW
+    /// must not be below what was shown committed (else the node served a stale read: issue
+    /// 17's defect e); a fetch below an offset DeleteRecords deleted up to must be refused
+    /// (OFFSET_OUT_OF_RANGE), and no batch may lie wholly below it; every batch read must be
+    /// below the HW and be what was applied at its offset.
+    pub fn fetched(
+        &self,
+        node: NodeId,
+        visible: Visible,
+        offset: i64,
+        hw: i64,
+        batches: &[(i64, i64, Record)],
+    ) {
+        let Visible {
+            committed: visible,
+            deleted,
+        } = visible;
+        if offset < deleted {
+            self.violation(format!(
+                "read deleted: node {node} answered a fetch from offset {offset}, below offset \
+                 {deleted}, up to which DeleteRecords had deleted"
+            ));
+        }
         if hw < visible {
             self.violation(format!(
                 "stale read: node {node} answered a fetch with HW {hw}, though offsets up to \
@@ -259,6 +300,12 @@ impl Checker {
             ));
         }
         for &(base, end, record) in batches {
+            if end <= deleted {
+                self.violation(format!(
+                    "read deleted: node {node} returned {record} at offsets {base}..{end}, \
+                     below offset {deleted}, up to which DeleteRecords had deleted"
+                ));
+            }
             if end > hw {
                 self.violation(format!(
                     "read past the HW: node {node} returned {record} at offsets {base}..{end}, \
@@ -278,6 +325,30 @@ impl Checker {
         self.shown(hw);
     }
 
+    /// Node `node` answered a consumer's ListOffsets for the `earliest` offset (else the
+    /// latest) with `offset`, asked once `visible` had been shown: the earliest must not lie
+    /// below an offset DeleteRecords deleted up to, the latest (the HW) not below what was
+    /// shown committed.
+    pub fn listed(&self, node: NodeId, visible: Visible, earliest: bool, offset: i64) {
+        if earliest && offset < visible.deleted {
+            self.violation(format!(
+                "stale log start: node {node} answered the earliest offset {offset}, below \
+                 offset {}, up to which DeleteRecords had deleted",
+                visible.deleted
+            ));
+        }
+        if !earliest {
+            if offset < visible.committed {
+                self.violation(format!(
+                    "stale read: node {node} answered the latest offset {offset}, though \
+                     offsets up to {} had been shown committed before it was asked",
+                    visible.committed
+                ));
+            }
+            self.shown(offset);
+        }
+    }
+
     pub fn violation(&self, what: String) {
         let mut v = self.violations.borrow_mut();
         // One report per kind of failure is enough to shrink on; the rest repeat it.
@@ -285,6 +356,15 @@ impl Checker {
             v.push(what);
         }
     }
+}
+
+/// What clients had been shown when a fetch was asked (`Checker::visible`).
+#[derive(Debug, Clone, Copy)]
+pub struct Visible {
+    /// Offsets below it were acknowledged, or below a HW a fetch was answered with.
+    pub committed: i64,
+    /// The highest offset a DeleteRecords answered deleted records up to.
+    pub deleted: i64,
 }
 
 /// A fault of the schedule; each one ends by itself.
@@ -400,8 +480,9 @@ pub struct Outcome {
     pub purges: u64,
     pub starts_inside: u64,
     pub snapshots_installed: u64,
-    /// Batches consumers read.
+    /// Batches consumers read, and DeleteRecords answered.
     pub reads: u64,
+    pub deletes: u64,
     pub fingerprint: u64,
 }
 
@@ -790,10 +871,10 @@ pub trait Mode: fmt::Debug {
     fn start(&self, ctx: NodeCtx) -> LocalBoxFuture<'static, ()>;
     /// Client `id`: writes records until `ctx.stop`, reporting its acknowledgements.
     fn client(&self, id: u32, ctx: ClientCtx) -> LocalBoxFuture<'static, ()>;
-    /// Consumer `id`, if the mode runs consumers: reads the partition until `ctx.stop`,
-    /// reporting each answer to `Checker::fetched`.
-    fn consumer(&self, _id: u32, _ctx: ClientCtx) -> Option<LocalBoxFuture<'static, ()>> {
-        None
+    /// The clients it runs besides the writers, until `ctx.stop`: consumers, which report
+    /// what they read to `Checker::fetched`, and the like.
+    fn others(&self, _ctx: ClientCtx) -> Vec<LocalBoxFuture<'static, ()>> {
+        Vec::new()
     }
     /// Node `node` crashed: whatever ran on it is gone.
     fn crashed(&self, _node: NodeId) {}
@@ -821,6 +902,7 @@ pub struct NodeCtx {
 }
 
 /// What a client runs with (`Mode::client`).
+#[derive(Clone)]
 pub struct ClientCtx {
     pub net: Rc<Net>,
     pub checker: Rc<Checker>,
@@ -1160,16 +1242,14 @@ fn run_world(options: &Options) -> Outcome {
         };
         spawn_on(0, world.mode.client(id, ctx));
     }
-    for id in 0..CONSUMERS {
-        let ctx = ClientCtx {
-            net: world.net.clone(),
-            checker: checker.clone(),
-            stop: stop.clone(),
-            last_ack: last_ack.clone(),
-        };
-        if let Some(consumer) = world.mode.consumer(id, ctx) {
-            spawn_on(0, consumer);
-        }
+    let ctx = ClientCtx {
+        net: world.net.clone(),
+        checker: checker.clone(),
+        stop: stop.clone(),
+        last_ack: last_ack.clone(),
+    };
+    for other in world.mode.others(ctx) {
+        spawn_on(0, other);
     }
 
     let start = world.sim.now();
@@ -1232,6 +1312,7 @@ fn run_world(options: &Options) -> Outcome {
         starts_inside: checker.starts_inside.get(),
         snapshots_installed: world.net.snapshots_installed.get(),
         reads: checker.reads.get(),
+        deletes: checker.deletes.get(),
         fingerprint: checker.fingerprint.get(),
     };
     for n in NODES {

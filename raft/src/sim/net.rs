@@ -155,7 +155,7 @@ impl Net {
     }
 
     /// Sends `request` from `from` to `to`'s `handler` and waits up to `ttl` for the reply.
-    async fn call<Req, Resp, F, Fut>(
+    pub async fn call<Req, Resp, F, Fut>(
         self: &Rc<Self>,
         from: NodeId,
         to: NodeId,

@@ -326,7 +326,7 @@ async fn read_all(
                                     Ok(crate::partition::ReadResult {
                                         records: Bytes::new(),
                                         high_watermark: p.high_watermark(),
-                                        log_start_offset: p.log.start_offset(),
+                                        log_start_offset: p.log_start(),
                                     })
                                 } else {
                                     // KIP-74: only the response's first batch may exceed the limits.

@@ -49,7 +49,7 @@ pub async fn handle(ctx: Rc<RequestContext>, req: ListOffsetsRequest) -> ListOff
                                 -1 => Ok(Some((p.high_watermark(), -1))),
                                 // No tiered storage: nothing is remote (Kafka answers -1, -1).
                                 -5 => Ok(None),
-                                -2 | -4 => Ok(Some((p.log.start_offset(), -1))),
+                                -2 | -4 => Ok(Some((p.log_start(), -1))),
                                 -3 => p.max_timestamp_offset().await,
                                 ts => p.offset_for_timestamp(ts).await,
                             };

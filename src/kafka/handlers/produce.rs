@@ -93,7 +93,7 @@ pub async fn start(
                             let appended = appended?
                                 .finish(&partition.log, acks == -1 || backlog)
                                 .await?;
-                            Ok((appended, partition.log.start_offset()))
+                            Ok((appended, partition.log_start()))
                         }
                         .boxed_local()
                     };

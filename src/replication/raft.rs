@@ -1193,8 +1193,8 @@ impl<H: Host> Replica<H> {
 }
 
 /// Simulation only: fixes that the replica simulator can undo on its own thread
-/// (`ferrolog-sim --replica --unfix c|producers|lease|reads|resync|read-start`), to show that its checker finds the
-/// defects. The broker never sets them.
+/// (`ferrolog-sim --replica --unfix c|producers|lease|reads|resync|read-start`), to show
+/// that its checker finds the defects. The broker never sets them.
 pub mod unfix {
     use std::cell::Cell;
 

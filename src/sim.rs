@@ -32,7 +32,7 @@
 //! retriable error) is "refused"; a fetch must see a HW no lower than what clients were
 //! shown committed before it asked, and read only batches below it that were applied where
 //! it read them (`Checker::fetched`: "stale read", "read past the HW", "read uncommitted");
-//! and after DeleteRecords answered with a low watermark, nothing below it may be read or
+//! and once DeleteRecords answered, nothing below the offset it deleted up to may be read or
 //! answered as the earliest offset (`Checker::fetched`, `Checker::listed`: "read deleted",
 //! "stale log start").
 //!
@@ -58,7 +58,7 @@ use ferrolog_raft::openraft::{self, AsyncRuntime};
 use ferrolog_raft::sim::fs::SimFs;
 use ferrolog_raft::sim::net::{Factory, Net};
 use ferrolog_raft::sim::runtime::{random_u64, spawn_on, NodeId, SimInstant, SimRuntime};
-use ferrolog_raft::sim::store::{batch_of, record_of};
+use ferrolog_raft::sim::store::{batch_of, record_in, record_of};
 use ferrolog_raft::sim::{
     retention, tend, Checker, ClientCtx, Mode, NodeCtx, Record, SimRaft, DIR, NODES,
 };
@@ -104,7 +104,7 @@ impl Host for SimHost {
         self.disk.clone()
     }
     fn clock(&self) -> Clock {
-        Rc::new(|| SimInstant::now().since_start().as_millis() as i64)
+        Rc::new(now_ms)
     }
     fn factory(self: &Rc<Self>, _group: GroupId) -> Factory {
         Factory {
@@ -366,6 +366,18 @@ fn network_delay(net: &Net) -> Duration {
     Duration::from_nanos(random_u64() % (max.as_nanos() as u64 + 1))
 }
 
+/// Any node.
+fn random_node() -> NodeId {
+    NODES[(random_u64() % NODES.len() as u64) as usize]
+}
+
+/// Where a client goes after NOT_LEADER_OR_FOLLOWER from `target`: it refreshes its
+/// metadata, and the node names the leader it knows (else any node).
+fn redirect(node: Option<Rc<Node>>, target: NodeId) -> NodeId {
+    let hint = node.and_then(|n| n.replica.leader()).map(|l| l as NodeId);
+    hint.filter(|&l| l != target).unwrap_or_else(random_node)
+}
+
 /// The batch of `record` as idempotent producer `producer_id` (epoch 0) sends it, starting at
 /// sequence `sequence`; the record's identity is in its timestamp (`batch_of`).
 fn idempotent_batch(record: Record, producer_id: i64, sequence: i32) -> (Bytes, BatchHeader) {
@@ -391,7 +403,6 @@ async fn producer(id: u32, ctx: ClientCtx, nodes: Nodes) {
         last_ack,
     } = ctx;
     let producer_id = 1000 + i64::from(id);
-    let random_node = || NODES[(random_u64() % NODES.len() as u64) as usize];
     let mut target = NODES[id as usize % NODES.len()];
     let (mut seq, mut sequence) = (0u32, 0i32);
     while !stop.get() {
@@ -419,9 +430,7 @@ async fn producer(id: u32, ctx: ClientCtx, nodes: Nodes) {
                     break;
                 }
                 Ok(Ok(Err(BrokerError::NotLeaderOrFollower))) => {
-                    // A client refreshes its metadata: the node names the leader it knows.
-                    let hint = node.and_then(|n| n.replica.leader()).map(|l| l as NodeId);
-                    target = hint.filter(|&l| l != target).unwrap_or_else(random_node);
+                    target = redirect(node, target);
                     SimRuntime::sleep(Duration::from_millis(10)).await;
                 }
                 Ok(Ok(Err(BrokerError::RequestTimedOut(_) | BrokerError::Storage(_))))
@@ -473,20 +482,14 @@ async fn fetch(node: Rc<Node>, offset: i64) -> Result<Fetched, BrokerError> {
     let mut batches = Vec::new();
     let mut rest = &bytes[..];
     while !rest.is_empty() {
-        let header = BatchHeader::parse(rest)
-            .map_err(|e| BrokerError::Storage(format!("a fetch read a bad batch: {e}")))?;
-        let len = header.batch_length as usize + 12;
+        let bad = |e| BrokerError::Storage(format!("a fetch read a bad batch: {e}"));
+        let len = BatchHeader::parse(rest).map_err(bad)?.total_bytes();
         let batch = rest.get(..len).ok_or_else(|| {
             BrokerError::Storage(format!("a fetch read a batch cut at {}", rest.len()))
         })?;
-        batch::verify(batch)
-            .map_err(|e| BrokerError::Storage(format!("a fetch read a corrupt batch: {e}")))?;
+        let header = batch::verify(batch).map_err(bad)?;
         if !header.is_control() {
-            let record = Record {
-                client: (header.base_timestamp >> 32) as u32,
-                seq: header.base_timestamp as u32,
-            };
-            batches.push((header.base_offset, header.next_offset(), record));
+            batches.push((header.base_offset, header.next_offset(), record_in(&header)));
         }
         rest = &rest[len..];
     }
@@ -533,7 +536,6 @@ async fn consumer(id: u32, ctx: ClientCtx, nodes: Nodes) {
     let ClientCtx {
         net, checker, stop, ..
     } = ctx;
-    let random_node = || NODES[(random_u64() % NODES.len() as u64) as usize];
     let mut target = NODES[id as usize % NODES.len()];
     let mut ask = Ask::Earliest;
     while !stop.get() {
@@ -560,8 +562,8 @@ async fn consumer(id: u32, ctx: ClientCtx, nodes: Nodes) {
                 };
                 let (hw, batches) = (fetched.high_watermark, &fetched.batches);
                 checker.fetched(target, visible, from, hw, batches);
-                let read = fetched.batches.last().map(|&(_, end, _)| end);
-                if let (Some(end), Ask::Fetch(_)) = (read, ask) {
+                let read = batches.last().map(|&(_, end, _)| end);
+                if let Some(end) = read {
                     ask = Ask::Fetch(end);
                 }
                 ask = match random_u64() % 20 {
@@ -581,8 +583,7 @@ async fn consumer(id: u32, ctx: ClientCtx, nodes: Nodes) {
                 Duration::ZERO
             }
             Ok(Ok(Err(BrokerError::NotLeaderOrFollower))) => {
-                let hint = node.and_then(|n| n.replica.leader()).map(|l| l as NodeId);
-                target = hint.filter(|&l| l != target).unwrap_or_else(random_node);
+                target = redirect(node, target);
                 Duration::from_millis(10)
             }
             Ok(Ok(Err(BrokerError::Storage(_)))) | Ok(Err(_)) | Err(_) => {
@@ -660,7 +661,6 @@ async fn deleter(ctx: ClientCtx, nodes: Nodes) {
     let ClientCtx {
         net, checker, stop, ..
     } = ctx;
-    let random_node = || NODES[(random_u64() % NODES.len() as u64) as usize];
     let mut target = random_node();
     while !stop.get() {
         SimRuntime::sleep(Duration::from_millis(1000 + random_u64() % 4000)).await;
@@ -679,8 +679,7 @@ async fn deleter(ctx: ClientCtx, nodes: Nodes) {
         match SimRuntime::timeout(Duration::from_secs(10), rx).await {
             Ok(Ok(Ok((offset, low)))) => checker.deleted(target, offset, low),
             Ok(Ok(Err(BrokerError::NotLeaderOrFollower))) => {
-                let hint = node.and_then(|n| n.replica.leader()).map(|l| l as NodeId);
-                target = hint.filter(|&l| l != target).unwrap_or_else(random_node);
+                target = redirect(node, target);
             }
             Ok(Ok(Err(BrokerError::RequestTimedOut(_) | BrokerError::Storage(_))))
             | Ok(Err(_))

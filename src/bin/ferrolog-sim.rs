@@ -50,11 +50,10 @@ struct Args {
     /// `--replica`, `lease` lets a leader refuse a batch out of sequence without showing its
     /// lease, as a deposed one that does not know it yet does; with `--replica`, `reads`
     /// lets a leader answer fetches without a read lease (defect e of issue 17); with
-    /// `--replica`, `resync`
-    /// rebuilds a leader's producer state after a refused proposal while a batch that timed
-    /// out uncommitted is still in its log; with `--replica`, `read-start` has reads
-    /// see the log's own start, so a leader elected before it moved its log start to a
-    /// log-start entry's serves deleted records; `straddle` lets a truncation
+    /// `--replica`, `resync` rebuilds a leader's producer state after a refused proposal
+    /// while a batch that timed out uncommitted is still in its log; with `--replica`,
+    /// `read-start` has reads see the log's own start, so a leader elected before it moved
+    /// its log start to a log-start entry's serves deleted records; `straddle` lets a truncation
     /// of a log whose start lies inside its first entry's batch cut below the start; with
     /// `--log`, `g-open` calls a
     /// recovered tail durable without an fsync, `g-truncate` cuts a segment without

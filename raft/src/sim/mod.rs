@@ -206,10 +206,9 @@ impl Checker {
             }
             self.at_offset.borrow_mut().entry(offset).or_insert(r);
             let read = self.read.borrow().get(&offset).copied();
-            if read.is_some_and(|read| read != r) {
+            if let Some(read) = read.filter(|&read| read != r) {
                 self.violation(format!(
-                    "read uncommitted: a consumer read {} at offset {offset}, {r} applied there",
-                    read.expect("checked")
+                    "read uncommitted: a consumer read {read} at offset {offset}, {r} applied there"
                 ));
             }
         }
@@ -330,23 +329,23 @@ impl Checker {
     /// below an offset DeleteRecords deleted up to, the latest (the HW) not below what was
     /// shown committed.
     pub fn listed(&self, node: NodeId, visible: Visible, earliest: bool, offset: i64) {
-        if earliest && offset < visible.deleted {
-            self.violation(format!(
-                "stale log start: node {node} answered the earliest offset {offset}, below \
-                 offset {}, up to which DeleteRecords had deleted",
-                visible.deleted
-            ));
-        }
-        if !earliest {
-            if offset < visible.committed {
+        let Visible { committed, deleted } = visible;
+        if earliest {
+            if offset < deleted {
                 self.violation(format!(
-                    "stale read: node {node} answered the latest offset {offset}, though \
-                     offsets up to {} had been shown committed before it was asked",
-                    visible.committed
+                    "stale log start: node {node} answered the earliest offset {offset}, below \
+                     offset {deleted}, up to which DeleteRecords had deleted"
                 ));
             }
-            self.shown(offset);
+            return;
         }
+        if offset < committed {
+            self.violation(format!(
+                "stale read: node {node} answered the latest offset {offset}, though offsets \
+                 up to {committed} had been shown committed before it was asked"
+            ));
+        }
+        self.shown(offset);
     }
 
     pub fn violation(&self, what: String) {
@@ -1233,21 +1232,15 @@ fn run_world(options: &Options) -> Outcome {
     }
     let stop = Rc::new(Cell::new(false));
     let last_ack = Rc::new(Cell::new(SimInstant::default()));
-    for id in 0..CLIENTS {
-        let ctx = ClientCtx {
-            net: world.net.clone(),
-            checker: checker.clone(),
-            stop: stop.clone(),
-            last_ack: last_ack.clone(),
-        };
-        spawn_on(0, world.mode.client(id, ctx));
-    }
     let ctx = ClientCtx {
         net: world.net.clone(),
         checker: checker.clone(),
         stop: stop.clone(),
         last_ack: last_ack.clone(),
     };
+    for id in 0..CLIENTS {
+        spawn_on(0, world.mode.client(id, ctx.clone()));
+    }
     for other in world.mode.others(ctx) {
         spawn_on(0, other);
     }

@@ -32,14 +32,16 @@ pub fn batch_of(record: super::Record) -> Batch {
 /// The record a client wrote in this entry, if it is one.
 pub fn record_of(e: &Entry) -> Option<super::Record> {
     match &e.payload {
-        openraft::EntryPayload::Normal(b) => {
-            let h = BatchHeader::parse(&b.0).ok()?;
-            Some(super::Record {
-                client: (h.base_timestamp >> 32) as u32,
-                seq: h.base_timestamp as u32,
-            })
-        }
+        openraft::EntryPayload::Normal(b) => Some(record_in(&BatchHeader::parse(&b.0).ok()?)),
         _ => None,
+    }
+}
+
+/// The record whose batch has this header (`batch_of`).
+pub fn record_in(h: &BatchHeader) -> super::Record {
+    super::Record {
+        client: (h.base_timestamp >> 32) as u32,
+        seq: h.base_timestamp as u32,
     }
 }
 

@@ -1,6 +1,7 @@
 //! The file system under a log: every file operation `Log` makes, and the spawning and
 //! sleeping it needs, as one trait. The broker runs logs on [`GlommioFs`] (Direct I/O writes
-//! through io_uring, buffered reads); the simulator in ferrolog-raft runs the same log code
+//! and reads through io_uring, once [`probe_direct_reads`] found that this thread's Direct
+//! I/O reads work; buffered reads otherwise); the simulator in ferrolog-raft runs the same log code
 //! on a simulated disk that loses what was not synced when the power goes, in simulated
 //! time, so a seed replays every crash exactly.
 //!
@@ -13,6 +14,7 @@
 //!   mix, and the new ones for good once it returns);
 //! - a process crash (kill -9) loses nothing that was written, synced or not.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::io;
 use std::ops::Deref;
@@ -20,7 +22,7 @@ use std::path::Path;
 use std::rc::Rc;
 use std::time::Duration;
 
-use glommio::io::{BufferedFile, DmaBuffer, DmaFile};
+use glommio::io::{BufferedFile, DmaBuffer, DmaFile, ReadResult};
 
 /// What a log needs of its disk and executor. Everything runs on one thread, so nothing here
 /// needs to be `Send`.
@@ -86,9 +88,69 @@ pub trait WriteBuf {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct GlommioFs;
 
+thread_local! {
+    /// Whether `probe_direct_reads` found Direct I/O reads working on this thread.
+    static DIRECT_READS: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The name of the files `probe_direct_reads` writes and deletes, one per call (the
+/// executors probe at the same time).
+const PROBE_FILE: &str = ".direct-read-probe";
+
+/// Finds out, on this thread, whether Direct I/O reads work on the device holding `dir`, and
+/// makes the logs this thread opens afterwards read with Direct I/O if they do (buffered, as
+/// before, if not). Call it on each executor thread before any log under `dir` opens.
+///
+/// glommio decides once per thread and device whether the device takes polled I/O, by
+/// reading the first file opened for Direct I/O. When that file is empty (a new segment),
+/// the read returns at end of file without reaching the device, and glommio takes the device
+/// for pollable; on kernels that refuse polled reads from a device without poll queues
+/// (6.x on virtio disks), every Direct I/O read then fails with EOPNOTSUPP, and writes
+/// go to the polled ring, whose completions the executor spins for. Opening a file that
+/// holds data first lets glommio's probe reach the device and see the truth; a read of it
+/// checks that Direct I/O reads then return what was written.
+pub async fn probe_direct_reads(dir: &Path) -> io::Result<bool> {
+    static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = dir.join(format!("{PROBE_FILE}.{}.{n}", std::process::id()));
+    let block: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&path, &block)?;
+    let read = async {
+        let file = glommio::io::OpenOptions::new()
+            .read(true)
+            .dma_open(&path)
+            .await?;
+        let bytes = file.read_at(0, block.len()).await;
+        let _ = file.close().await;
+        bytes
+    };
+    let works = match read.await {
+        Ok(bytes) if bytes[..] == block[..] => true,
+        Ok(_) => {
+            tracing::warn!(dir = %dir.display(), "a Direct I/O read returned other bytes than written: reading through the page cache");
+            false
+        }
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "Direct I/O reads fail: reading through the page cache");
+            false
+        }
+    };
+    std::fs::remove_file(&path)?;
+    DIRECT_READS.with(|d| d.set(works));
+    Ok(works)
+}
+
+/// A segment's read handle: Direct I/O where `probe_direct_reads` found it works, so reads
+/// neither fill nor need the page cache (the log writes with Direct I/O, so the cache holds
+/// none of it), else buffered.
+pub enum GlommioReader {
+    Direct(DmaFile),
+    Buffered(BufferedFile),
+}
+
 impl Fs for GlommioFs {
     type File = DmaFile;
-    type Reader = BufferedFile;
+    type Reader = GlommioReader;
 
     async fn create_new(&self, path: &Path) -> io::Result<DmaFile> {
         glommio::io::OpenOptions::new()
@@ -109,17 +171,16 @@ impl Fs for GlommioFs {
             .map_err(io::Error::from)
     }
 
-    /// Reads go through the page cache: glommio 0.9's Direct I/O read path fails with
-    /// EOPNOTSUPP on current kernels (6.x), and the page cache is what `sendfile` will serve
-    /// cold reads from. Direct writes invalidate the cached pages they cover, so readers
-    /// never see stale bytes.
-    async fn open_read(&self, path: &Path) -> io::Result<Rc<BufferedFile>> {
-        let f = glommio::io::OpenOptions::new()
-            .read(true)
-            .buffered_open(path)
-            .await
-            .map_err(io::Error::from)?;
-        Ok(Rc::new(f))
+    /// Direct I/O where this thread's probe found it works (`probe_direct_reads`). Buffered
+    /// readers stay coherent too: Direct writes invalidate the cached pages they cover.
+    async fn open_read(&self, path: &Path) -> io::Result<Rc<GlommioReader>> {
+        let options = glommio::io::OpenOptions::new().read(true).clone();
+        let reader = if DIRECT_READS.with(Cell::get) {
+            GlommioReader::Direct(options.dma_open(path).await.map_err(io::Error::from)?)
+        } else {
+            GlommioReader::Buffered(options.buffered_open(path).await.map_err(io::Error::from)?)
+        };
+        Ok(Rc::new(reader))
     }
 
     fn is_dir(&self, dir: &Path) -> bool {
@@ -232,12 +293,24 @@ impl WriteBuf for Vec<u8> {
     }
 }
 
-impl FsReader for BufferedFile {
-    type Bytes = glommio::io::ReadResult;
+impl FsReader for GlommioReader {
+    type Bytes = ReadResult;
 
-    async fn read_at(&self, pos: u64, len: usize) -> io::Result<glommio::io::ReadResult> {
-        BufferedFile::read_at(self, pos, len)
-            .await
-            .map_err(io::Error::from)
+    async fn read_at(&self, pos: u64, len: usize) -> io::Result<ReadResult> {
+        match self {
+            GlommioReader::Buffered(f) => f.read_at(pos, len).await.map_err(io::Error::from),
+            GlommioReader::Direct(f) => {
+                // Read from an aligned position and cut the front off here: glommio's own
+                // cut of an unaligned read near the end of the file can run past what it read.
+                let aligned = f.align_down(pos);
+                let skip = (pos - aligned) as usize;
+                let r = f
+                    .read_at(aligned, skip + len)
+                    .await
+                    .map_err(io::Error::from)?;
+                let len = len.min(r.len().saturating_sub(skip));
+                Ok(ReadResult::slice(&r, skip, len).expect("within the bytes read"))
+            }
+        }
     }
 }

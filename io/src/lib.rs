@@ -14,6 +14,7 @@
 pub mod batch;
 pub mod fs;
 pub mod log;
+pub mod pool;
 mod segment;
 
 pub use fs::{Fs, GlommioFs};

@@ -1370,11 +1370,8 @@ fn collect_cached(
         0 => Bytes::new(),
         1 => parts[0].clone(),
         _ => {
-            let mut out = BytesMut::with_capacity(total);
-            for p in parts {
-                out.extend_from_slice(p);
-            }
-            out.freeze()
+            let parts: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
+            crate::pool::concat(&parts, total)
         }
     }
 }
@@ -1466,7 +1463,7 @@ async fn read_from_segment<R: FsReader>(
         keep += header.total_bytes();
         rest = &rest[header.total_bytes()..];
     }
-    Ok(Some(Bytes::copy_from_slice(&r[..keep])))
+    Ok(Some(crate::pool::concat(&[&r[..keep]], keep)))
 }
 
 /// Copies the tail-page head and then the pending chunks into write buffers, in order.
@@ -1809,9 +1806,15 @@ mod tests {
     use super::*;
     use crate::batch::make_batch;
 
+    /// Runs a test on a glommio executor, reading with Direct I/O as the broker's shards do
+    /// (where the temporary directory's device takes it).
     fn run<F: std::future::Future<Output = ()> + 'static>(f: impl FnOnce() -> F + Send + 'static) {
         glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-            .spawn(f)
+            .spawn(|| async move {
+                let dir = std::env::temp_dir();
+                crate::fs::probe_direct_reads(&dir).await.expect("probe");
+                f().await
+            })
             .expect("executor")
             .join()
             .expect("test body");

@@ -17,6 +17,7 @@
 //!    `IN_FLIGHT_MAX` requests per connection are between read and write.
 
 pub mod dispatch;
+pub mod frame;
 pub mod handlers;
 pub mod server;
 

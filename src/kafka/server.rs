@@ -2,7 +2,7 @@
 
 use std::rc::Rc;
 
-use bytes::{BufMut, BytesMut};
+use bytes::BytesMut;
 use futures::future::LocalBoxFuture;
 use futures::{AsyncReadExt, AsyncWriteExt};
 use glommio::channels::local_channel;
@@ -10,6 +10,7 @@ use glommio::net::{TcpListener, TcpStream};
 use glommio::sync::StaticPermit;
 
 use crate::kafka::dispatch::{self, Reply, Response};
+use crate::kafka::frame;
 use crate::shard::{Shard, REQUEST_MEMORY_BYTES};
 
 /// Requests per connection between being read and their response being written.
@@ -83,12 +84,9 @@ async fn connection(
                     return anyhow::Ok(());
                 }
             };
-            out.clear();
-            out.put_i32(0);
-            dispatch::encode_response(&response, &mut out)?;
-            let size = (out.len() - 4) as i32;
-            out[..4].copy_from_slice(&size.to_be_bytes());
-            writer.write_all(&out).await?;
+            for piece in frame::encode(response, &mut out)? {
+                writer.write_all(&piece).await?;
+            }
             if out.capacity() > 4 << 20 {
                 out = BytesMut::new();
             }

@@ -18,6 +18,7 @@ use std::cell::Cell;
 use std::future::Future;
 use std::io;
 use std::ops::Deref;
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::rc::Rc;
 use std::time::Duration;
@@ -89,8 +90,9 @@ pub trait WriteBuf {
 pub struct GlommioFs;
 
 thread_local! {
-    /// Whether `probe_direct_reads` found Direct I/O reads working on this thread.
-    static DIRECT_READS: Cell<bool> = const { Cell::new(false) };
+    /// Whether `probe_direct_reads` found Direct I/O reads working in every directory it
+    /// probed on this thread (None: not probed, so buffered).
+    static DIRECT_READS: Cell<Option<bool>> = const { Cell::new(None) };
 }
 
 /// The name of the files `probe_direct_reads` writes and deletes, one per call (the
@@ -98,8 +100,10 @@ thread_local! {
 const PROBE_FILE: &str = ".direct-read-probe";
 
 /// Finds out, on this thread, whether Direct I/O reads work on the device holding `dir`, and
-/// makes the logs this thread opens afterwards read with Direct I/O if they do (buffered, as
-/// before, if not). Call it on each executor thread before any log under `dir` opens.
+/// makes the logs this thread opens afterwards read with Direct I/O if they do, and if they
+/// did in every directory probed before on this thread (buffered, as before, if not). Call it
+/// on each executor thread for each log directory before any log opens. A probe that cannot
+/// even write its file (a full disk) counts as a failure and is only logged.
 ///
 /// glommio decides once per thread and device whether the device takes polled I/O, by
 /// reading the first file opened for Direct I/O. When that file is empty (a new segment),
@@ -109,20 +113,20 @@ const PROBE_FILE: &str = ".direct-read-probe";
 /// go to the polled ring, whose completions the executor spins for. Opening a file that
 /// holds data first lets glommio's probe reach the device and see the truth; a read of it
 /// checks that Direct I/O reads then return what was written.
-pub async fn probe_direct_reads(dir: &Path) -> io::Result<bool> {
+pub async fn probe_direct_reads(dir: &Path) -> bool {
     static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let path = dir.join(format!("{PROBE_FILE}.{}.{n}", std::process::id()));
     let block: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
-    std::fs::write(&path, &block)?;
     let read = async {
+        std::fs::write(&path, &block)?;
         let file = glommio::io::OpenOptions::new()
             .read(true)
             .dma_open(&path)
             .await?;
         let bytes = file.read_at(0, block.len()).await;
         let _ = file.close().await;
-        bytes
+        Ok::<_, io::Error>(bytes?)
     };
     let works = match read.await {
         Ok(bytes) if bytes[..] == block[..] => true,
@@ -135,9 +139,11 @@ pub async fn probe_direct_reads(dir: &Path) -> io::Result<bool> {
             false
         }
     };
-    std::fs::remove_file(&path)?;
-    DIRECT_READS.with(|d| d.set(works));
-    Ok(works)
+    if let Err(e) = std::fs::remove_file(&path) {
+        tracing::warn!(path = %path.display(), error = %e, "cannot delete the Direct I/O probe's file");
+    }
+    DIRECT_READS.with(|d| d.set(Some(d.get().unwrap_or(true) && works)));
+    works
 }
 
 /// A segment's read handle: Direct I/O where `probe_direct_reads` found it works, so reads
@@ -175,8 +181,15 @@ impl Fs for GlommioFs {
     /// readers stay coherent too: Direct writes invalidate the cached pages they cover.
     async fn open_read(&self, path: &Path) -> io::Result<Rc<GlommioReader>> {
         let options = glommio::io::OpenOptions::new().read(true).clone();
-        let reader = if DIRECT_READS.with(Cell::get) {
-            GlommioReader::Direct(options.dma_open(path).await.map_err(io::Error::from)?)
+        let reader = if DIRECT_READS.with(Cell::get) == Some(true) {
+            // glommio's `dma_open` looks the path up again after it opened it, and panics
+            // if it is gone by then (retention deleting the segment meanwhile). Opened
+            // through this process's descriptor of it, the path stays valid.
+            let held = std::fs::File::open(path)?;
+            let by_fd = Path::new("/proc/self/fd").join(held.as_raw_fd().to_string());
+            let opened = options.dma_open(&by_fd).await;
+            drop(held);
+            GlommioReader::Direct(opened.map_err(io::Error::from)?)
         } else {
             GlommioReader::Buffered(options.buffered_open(path).await.map_err(io::Error::from)?)
         };
@@ -300,9 +313,11 @@ impl FsReader for GlommioReader {
         match self {
             GlommioReader::Buffered(f) => f.read_at(pos, len).await.map_err(io::Error::from),
             GlommioReader::Direct(f) => {
-                // Read from an aligned position and cut the front off here: glommio's own
-                // cut of an unaligned read near the end of the file can run past what it read.
-                let aligned = f.align_down(pos);
+                // Read from an aligned position (at least a page, as the log writes) and cut
+                // the front off here: glommio's own cut of an unaligned read near the end of
+                // the file can run past what it read.
+                let align = f.alignment().max(4096);
+                let aligned = pos / align * align;
                 let skip = (pos - aligned) as usize;
                 let r = f
                     .read_at(aligned, skip + len)

@@ -15,11 +15,12 @@ use bytes::Bytes;
 const POOLED_MIN: usize = 64 << 10;
 /// Buffers larger than this are not kept.
 const POOLED_MAX: usize = 4 << 20;
-/// Free buffers kept per thread (a Fetch of 16 partitions holds 16 at once).
-const FREE_MAX: usize = 32;
+/// Bytes of free buffers kept per thread (a Fetch of 16 partitions holds 16 MiB at once).
+const FREE_BYTES_MAX: usize = 24 << 20;
 
 thread_local! {
-    static FREE: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+    /// Free buffers, and their capacities' sum.
+    static FREE: RefCell<(Vec<Vec<u8>>, usize)> = const { RefCell::new((Vec::new(), 0)) };
 }
 
 /// A buffer that returns to this thread's free list when dropped.
@@ -39,9 +40,10 @@ impl Drop for Pooled {
         }
         // At thread exit the list may be gone already; the buffer is then freed.
         let _ = FREE.try_with(|free| {
-            let mut free = free.borrow_mut();
-            if free.len() < FREE_MAX {
-                free.push(buf);
+            let (list, bytes) = &mut *free.borrow_mut();
+            if *bytes + buf.capacity() <= FREE_BYTES_MAX {
+                *bytes += buf.capacity();
+                list.push(buf);
             }
         });
     }
@@ -54,16 +56,29 @@ pub fn concat(parts: &[&[u8]], len: usize) -> Bytes {
         return Bytes::from(parts.concat());
     }
     let mut buf = FREE
-        .try_with(|free| free.borrow_mut().pop())
+        .try_with(|free| take(&mut free.borrow_mut(), len))
         .ok()
         .flatten()
-        .unwrap_or_default();
+        .unwrap_or_else(|| Vec::with_capacity(len));
     buf.clear();
-    buf.reserve(len);
     for p in parts {
         buf.extend_from_slice(p);
     }
     Bytes::from_owner(Pooled(buf))
+}
+
+/// The free buffer that fits `len` bytes most closely, if one fits without wasting more
+/// than half of itself.
+fn take((list, bytes): &mut (Vec<Vec<u8>>, usize), len: usize) -> Option<Vec<u8>> {
+    let fits = |b: &Vec<u8>| b.capacity() >= len && b.capacity() <= 2 * len;
+    let (i, _) = list
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| fits(b))
+        .min_by_key(|(_, b)| b.capacity())?;
+    let buf = list.swap_remove(i);
+    *bytes -= buf.capacity();
+    Some(buf)
 }
 
 #[cfg(test)]
@@ -85,5 +100,13 @@ mod tests {
         assert_eq!(&second[100..], &a[..]);
         let small = concat(&[&b], b.len());
         assert_eq!(&small[..], &b[..]);
+        drop(second);
+        // A buffer more than twice the size asked for is left for larger copies.
+        let big = vec![3u8; 4 * POOLED_MIN];
+        let big = concat(&[&big], big.len());
+        let big_ptr = big.as_ptr();
+        drop(big);
+        let fitting = concat(&[&a], a.len());
+        assert_ne!(fitting.as_ptr(), big_ptr);
     }
 }

@@ -16,6 +16,8 @@ use crate::kafka::dispatch::{self, Response};
 
 /// Records shorter than this are copied into the frame: a write of their own costs more.
 const SEPARATE_RECORDS_MIN: usize = 16 << 10;
+/// A connection keeps its encoding buffer for the next response up to this capacity.
+const OUT_KEPT_MAX: usize = 4 << 20;
 
 /// The first 8 bytes of every marker: random per process, so a marker cannot be anything
 /// else the response holds (the rest of a marker is the records' place in the response).
@@ -85,7 +87,12 @@ fn encode_whole(response: &Response, out: &mut BytesMut) -> anyhow::Result<Bytes
     dispatch::encode_response(response, out)?;
     let size = (out.len() - 4) as i32;
     out[..4].copy_from_slice(&size.to_be_bytes());
-    Ok(out.split().freeze())
+    // A large frame's buffer is not kept for the connection's next responses.
+    Ok(match out.capacity() > OUT_KEPT_MAX {
+        true => std::mem::take(out),
+        false => out.split(),
+    }
+    .freeze())
 }
 
 /// Replaces each partition's records of `SEPARATE_RECORDS_MIN` bytes or more with a marker;

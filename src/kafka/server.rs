@@ -87,9 +87,6 @@ async fn connection(
             for piece in frame::encode(response, &mut out)? {
                 writer.write_all(&piece).await?;
             }
-            if out.capacity() > 4 << 20 {
-                out = BytesMut::new();
-            }
         }
         anyhow::Ok(())
     });

@@ -652,6 +652,8 @@ class Harness:
             if config not in self.settings:
                 self.settings[config] = b.settings()
             for name, fn in (("fixed-rate", self.fixed_rate), ("fan-out", self.fan_out), ("catch-up", self.catch_up)):
+                if name not in self.args.workloads:
+                    continue
                 if not b.alive():
                     self.fail(2, config, rep, name, f"broker not running; log tail:\n{b.log_tail()}")
                     continue

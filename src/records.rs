@@ -249,6 +249,38 @@ fn snappy_decompress(body: &[u8]) -> io::Result<Vec<u8>> {
     Ok(out)
 }
 
+/// The leading whole batches of `records` (whole batches as a log read returns them) that
+/// fit in `max_bytes`; with `first_whole`, the first batch even when it alone is larger
+/// (KIP-74). Shares `records`' memory.
+pub fn leading_batches(
+    records: &bytes::Bytes,
+    max_bytes: usize,
+    first_whole: bool,
+) -> bytes::Bytes {
+    let mut keep = 0;
+    while let Ok(header) = BatchHeader::parse(&records[keep..]) {
+        let next = keep + header.total_bytes();
+        if next > records.len() || (next > max_bytes && !(keep == 0 && first_whole)) {
+            break;
+        }
+        keep = next;
+    }
+    records.slice(..keep)
+}
+
+/// The offset after the last whole batch of `records`, if it holds one.
+pub fn next_offset(mut records: &[u8]) -> Option<i64> {
+    let mut next = None;
+    while let Ok(header) = BatchHeader::parse(records) {
+        if header.total_bytes() > records.len() {
+            break;
+        }
+        next = Some(header.next_offset());
+        records = &records[header.total_bytes()..];
+    }
+    next
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -353,5 +385,29 @@ mod tests {
             validate(&h, &with_header(&body), &policy),
             Err(RecordError::Timestamp { index: 0, .. })
         ));
+    }
+
+    #[test]
+    fn leading_batches_cut_at_whole_batches() {
+        let batches: Vec<Vec<u8>> = (0..3)
+            .map(|i| ferrolog_io::batch::make_batch(i * 2, 2, 0, 100))
+            .collect();
+        let len = batches[0].len();
+        let all = bytes::Bytes::from(batches.concat());
+        assert_eq!(next_offset(&all), Some(6));
+        assert_eq!(leading_batches(&all, all.len(), false), all);
+        assert_eq!(leading_batches(&all, 2 * len + 1, false).len(), 2 * len);
+        assert_eq!(
+            next_offset(&leading_batches(&all, 2 * len + 1, false)),
+            Some(4)
+        );
+        assert!(leading_batches(&all, len - 1, false).is_empty());
+        assert_eq!(leading_batches(&all, len - 1, true).len(), len);
+        assert_eq!(leading_batches(&all, 0, true).len(), len);
+        // A cut batch at the end is not whole.
+        let cut = all.slice(..all.len() - 1);
+        assert_eq!(leading_batches(&cut, usize::MAX, false).len(), 2 * len);
+        assert_eq!(next_offset(&cut), Some(4));
+        assert_eq!(next_offset(&[]), None);
     }
 }

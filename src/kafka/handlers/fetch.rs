@@ -7,8 +7,8 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::future::{select, select_all, Either};
-use futures::FutureExt;
+use futures::future::{join_all, select, select_all, Either};
+use futures::{stream, FutureExt, StreamExt};
 use indexmap::IndexMap;
 use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
 use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse, TopicName};
@@ -20,6 +20,8 @@ use crate::errors::BrokerError;
 use crate::fetch_session::{SessionPartition, SESSION_PARTITIONS_MAX};
 use crate::kafka::RequestContext;
 use crate::metadata::MetadataImage;
+use crate::records;
+use crate::shard::Shard;
 use crate::types::{ShardId, TopicPartition};
 
 /// Kafka's broker-side `fetch.max.bytes` default: the most one response carries (plus one
@@ -280,88 +282,171 @@ struct Target {
     leader_epoch: i32,
 }
 
-/// Reads every target, visiting shards one after another so the `max_bytes` budget is shared.
+/// Most partition reads one fetch keeps in flight on a shard.
+const READS_IN_FLIGHT_MAX: usize = 16;
+/// Most rounds of reading again that one `read_all` makes (see `settle`).
+const REREAD_ROUNDS_MAX: usize = 3;
+
+/// One read to make: target `i` of the request, at most `want` bytes, or one whole batch
+/// over that with `oversized_first` (KIP-74).
+#[derive(Clone, Copy)]
+struct Ask {
+    i: usize,
+    want: usize,
+    oversized_first: bool,
+}
+
+/// Reads every target, answering as reading one partition after another would, but with
+/// all shards and several partitions on each reading at once. First every partition reads
+/// the share of `max_bytes` it gets if each partition before it in the request fills its
+/// own share (only the first with a share may return an oversized batch); then `settle`
+/// cuts the answers to what a sequential read leaves each, and the partitions that stopped
+/// short of that with records left read again, together, up to `REREAD_ROUNDS_MAX` times.
 async fn read_all(
     ctx: &Rc<RequestContext>,
     image: &MetadataImage,
     targets: &[Target],
     max_bytes: usize,
 ) -> Vec<Read> {
-    let mut results: Vec<Option<Read>> = vec![None; targets.len()];
-    let mut by_shard: BTreeMap<ShardId, Vec<(usize, Target)>> = BTreeMap::new();
+    let mut results = Vec::with_capacity(targets.len());
+    let mut asked = Vec::with_capacity(targets.len());
+    let mut reads = Vec::with_capacity(targets.len());
+    let mut left = max_bytes;
     for (i, t) in targets.iter().enumerate() {
+        let mut ask = Ask {
+            i,
+            want: 0,
+            oversized_first: false,
+        };
         match ctx.shard.owner_of(image, &t.tp) {
-            Ok(owner) => by_shard.entry(owner).or_default().push((i, t.clone())),
-            Err(e) => results[i] = Some(failed(e)),
+            Ok(_) => {
+                ask.want = t.limit.min(left);
+                ask.oversized_first = left == max_bytes && ask.want > 0;
+                left -= ask.want;
+                reads.push(ask);
+                // Replaced by its read below.
+                results.push(failed(BrokerError::UnknownTopicOrPartition));
+            }
+            Err(e) => results.push(failed(e)),
         }
+        asked.push(ask);
     }
-    let mut budget = max_bytes;
-    let max_bytes_total = max_bytes;
-    for (owner, work) in by_shard {
-        let (reads, left) = ctx
-            .shard
-            .invoke_on(owner, move |shard| {
-                let shard = shard.clone();
-                async move {
-                    let mut budget = budget;
-                    let mut out = Vec::with_capacity(work.len());
-                    for (
-                        i,
-                        Target {
-                            tp,
-                            offset,
-                            limit,
-                            leader_epoch,
-                        },
-                    ) in work
-                    {
-                        let read = match shard.partition(&tp) {
-                            None => failed(BrokerError::UnknownTopicOrPartition),
-                            Some(p) => {
-                                let want = limit.min(budget);
-                                let r = if let Err(e) = p.check_read(leader_epoch).await {
-                                    Err(e)
-                                } else if want == 0 {
-                                    // Budget spent: report positions without reading.
-                                    Ok(crate::partition::ReadResult {
-                                        records: Bytes::new(),
-                                        high_watermark: p.high_watermark(),
-                                        log_start_offset: p.log_start(),
-                                    })
-                                } else {
-                                    // KIP-74: only the response's first batch may exceed the limits.
-                                    p.read(offset, want, budget == max_bytes_total).await
-                                };
-                                match r {
-                                    Ok(r) => {
-                                        budget = budget.saturating_sub(r.records.len());
-                                        Read {
-                                            error: None,
-                                            records: r.records,
-                                            high_watermark: r.high_watermark,
-                                            log_start_offset: r.log_start_offset,
-                                        }
-                                    }
-                                    Err(e) => failed(e),
-                                }
-                            }
-                        };
-                        out.push((i, read));
-                    }
-                    (out, budget)
-                }
-                .boxed_local()
-            })
-            .await;
-        budget = left;
-        for (i, r) in reads {
-            results[i] = Some(r);
+    for round in 0..=REREAD_ROUNDS_MAX {
+        for (i, r) in read_concurrently(ctx, image, targets, &reads).await {
+            results[i] = r;
+        }
+        for a in &reads {
+            asked[a.i] = *a;
+        }
+        reads = settle(targets, &asked, max_bytes, &mut results);
+        if reads.is_empty() || round == REREAD_ROUNDS_MAX {
+            break;
         }
     }
     results
+}
+
+/// Makes `reads`, every shard at once and up to `READS_IN_FLIGHT_MAX` on each.
+async fn read_concurrently(
+    ctx: &Rc<RequestContext>,
+    image: &MetadataImage,
+    targets: &[Target],
+    reads: &[Ask],
+) -> Vec<(usize, Read)> {
+    let mut by_shard: BTreeMap<ShardId, Vec<(Ask, Target)>> = BTreeMap::new();
+    let mut out = Vec::new();
+    for a in reads {
+        let t = &targets[a.i];
+        match ctx.shard.owner_of(image, &t.tp) {
+            Ok(owner) => by_shard.entry(owner).or_default().push((*a, t.clone())),
+            Err(e) => out.push((a.i, failed(e))),
+        }
+    }
+    let shard_reads = by_shard.into_iter().map(|(owner, work)| {
+        ctx.shard.invoke_on(owner, move |shard| {
+            let shard = shard.clone();
+            stream::iter(work)
+                .map(move |(a, t)| {
+                    let shard = shard.clone();
+                    async move { (a.i, read_one(&shard, &t, a.want, a.oversized_first).await) }
+                })
+                .buffered(READS_IN_FLIGHT_MAX)
+                .collect::<Vec<_>>()
+                .boxed_local()
+        })
+    });
+    out.extend(join_all(shard_reads).await.into_iter().flatten());
+    out
+}
+
+/// Walks `results` (read as `asked`) in the request's order with the room a sequential read
+/// leaves each, `min(limit, max_bytes - bytes before it)`, the first batch whole for the
+/// first partition with records (KIP-74), and cuts each to the whole batches that fit.
+/// Returns the reads to make again: partitions that stopped below their HW on less room
+/// than they now have, given in order what the budget still holds, so that one round reads
+/// at most `max_bytes` more than it had.
+fn settle(targets: &[Target], asked: &[Ask], max_bytes: usize, results: &mut [Read]) -> Vec<Ask> {
+    let mut used = 0;
+    let mut short = Vec::new();
+    for ((t, r), a) in targets.iter().zip(results.iter_mut()).zip(asked) {
+        if r.error.is_some() {
+            continue;
+        }
+        let room = t.limit.min(max_bytes.saturating_sub(used));
+        let first = used == 0;
+        r.records = records::leading_batches(&r.records, room, first);
+        used += r.records.len();
+        let end = records::next_offset(&r.records).unwrap_or(t.offset);
+        let more_room = room > a.want || (first && !a.oversized_first && r.records.is_empty());
+        if more_room && r.high_watermark > end {
+            short.push((a.i, room, first, r.records.len()));
+        }
+    }
+    let mut spare = max_bytes.saturating_sub(used);
+    short
         .into_iter()
-        .map(|r| r.expect("every target read"))
+        .filter_map(|(i, room, first, had)| {
+            let want = room.min(had + spare);
+            if want == 0 || (want <= had && !(first && had == 0)) {
+                return None;
+            }
+            spare -= want - had;
+            Some(Ask {
+                i,
+                want,
+                oversized_first: first,
+            })
+        })
         .collect()
+}
+
+/// Reads one partition on the shard that owns it: at most `want` bytes, or one whole batch
+/// over that with `oversized_first` (KIP-74).
+async fn read_one(shard: &Rc<Shard>, t: &Target, want: usize, oversized_first: bool) -> Read {
+    let Some(p) = shard.partition(&t.tp) else {
+        return failed(BrokerError::UnknownTopicOrPartition);
+    };
+    let r = if let Err(e) = p.check_read(t.leader_epoch).await {
+        Err(e)
+    } else if want == 0 {
+        // No budget left: report positions without reading.
+        Ok(crate::partition::ReadResult {
+            records: Bytes::new(),
+            high_watermark: p.high_watermark(),
+            log_start_offset: p.log_start(),
+        })
+    } else {
+        p.read(t.offset, want, oversized_first).await
+    };
+    match r {
+        Ok(r) => Read {
+            error: None,
+            records: r.records,
+            high_watermark: r.high_watermark,
+            log_start_offset: r.log_start_offset,
+        },
+        Err(e) => failed(e),
+    }
 }
 
 fn failed(e: BrokerError) -> Read {
@@ -417,4 +502,105 @@ async fn wait_for_data(
     });
     let (woke, _, _) = select_all(waits).await;
     woke
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferrolog_io::batch::make_batch;
+
+    /// Target `p` of topic "t", fetched from offset 0 with `limit`.
+    fn target(p: i32, limit: usize) -> Target {
+        Target {
+            tp: TopicPartition {
+                topic: "t".into(),
+                partition: p,
+            },
+            offset: 0,
+            limit,
+            leader_epoch: -1,
+        }
+    }
+
+    /// `batches` batches of 10 records from offset 0, and a HW of `hw`.
+    fn read(batches: i64, hw: i64) -> Read {
+        let bytes: Vec<u8> = (0..batches)
+            .flat_map(|b| make_batch(b * 10, 10, 0, 50))
+            .collect();
+        Read {
+            error: None,
+            records: Bytes::from(bytes),
+            high_watermark: hw,
+            log_start_offset: 0,
+        }
+    }
+
+    fn ask(i: usize, want: usize, oversized_first: bool) -> Ask {
+        Ask {
+            i,
+            want,
+            oversized_first,
+        }
+    }
+
+    #[test]
+    fn settle_cuts_to_what_a_sequential_read_leaves_and_reads_short_partitions_again() {
+        let batch = make_batch(0, 10, 0, 50).len();
+        let max_bytes = 5 * batch;
+        let targets = [
+            target(0, 3 * batch),
+            target(1, 3 * batch),
+            target(2, 3 * batch),
+        ];
+        // Shares: 3, 2 and 0 batches. Partition 0 is caught up with one batch; 1 filled
+        // its share and has more; 2 read nothing on its share of 0.
+        let asked = [
+            ask(0, 3 * batch, true),
+            ask(1, 2 * batch, false),
+            ask(2, 0, false),
+        ];
+        let mut results = [read(1, 10), read(2, 100), read(0, 100)];
+        let again = settle(&targets, &asked, max_bytes, &mut results);
+        assert_eq!(
+            results.iter().map(|r| r.records.len()).collect::<Vec<_>>(),
+            [batch, 2 * batch, 0]
+        );
+        // 2 batches spare: partition 1 may now have 3, and partition 2 the one left.
+        let again: Vec<_> = again
+            .iter()
+            .map(|a| (a.i, a.want, a.oversized_first))
+            .collect();
+        assert_eq!(again, [(1, 3 * batch, false), (2, batch, false)]);
+
+        // Reads over the room a sequential read leaves are cut to whole batches, and an
+        // oversized first batch is kept only for the first partition with records.
+        let asked = [
+            ask(0, 3 * batch, true),
+            ask(1, 3 * batch, false),
+            ask(2, 3 * batch, false),
+        ];
+        let mut results = [read(0, 0), read(3, 30), read(3, 30)];
+        let again = settle(&targets, &asked, 2 * batch - 1, &mut results);
+        assert_eq!(
+            results.iter().map(|r| r.records.len()).collect::<Vec<_>>(),
+            [0, batch, 0]
+        );
+        assert!(again.is_empty());
+    }
+
+    #[test]
+    fn settle_gives_an_oversized_batch_to_the_first_partition_with_records() {
+        let batch = make_batch(0, 10, 0, 50).len();
+        let targets = [target(0, batch), target(1, batch / 2)];
+        // Partition 0 is caught up; 1's first batch is over its limit and it was not
+        // allowed an oversized one.
+        let asked = [ask(0, batch, true), ask(1, batch / 2, false)];
+        let mut results = [read(0, 0), read(0, 10)];
+        let again = settle(&targets, &asked, 10 * batch, &mut results);
+        let again: Vec<_> = again
+            .iter()
+            .map(|a| (a.i, a.want, a.oversized_first))
+            .collect();
+        assert_eq!(again, [(1, batch / 2, true)]);
+    }
 }

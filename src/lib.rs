@@ -18,6 +18,7 @@ pub mod metadata;
 pub mod partition;
 pub mod producer_state;
 pub mod quorum;
+pub mod read_ahead;
 pub mod records;
 pub mod replication;
 pub mod shard;

@@ -16,6 +16,7 @@ use uuid::Uuid;
 use crate::config::TopicSettings;
 use crate::errors::BrokerError;
 use crate::producer_state::{ProducerStates, SequenceCheck};
+use crate::read_ahead::ReadAhead;
 use crate::records::{self, RecordError, TimestampPolicy};
 use crate::replication::{AppendStep, Opened, Placement, Replication};
 
@@ -61,6 +62,7 @@ pub struct Partition {
     settings: RefCell<TopicSettings>,
     producers: RefCell<ProducerStates>,
     pub replication: Replication,
+    read_ahead: ReadAhead,
 }
 
 impl Partition {
@@ -90,6 +92,7 @@ impl Partition {
             settings: RefCell::new(settings),
             producers: RefCell::new(producers),
             replication,
+            read_ahead: ReadAhead::default(),
         }))
     }
 
@@ -319,7 +322,8 @@ impl Partition {
     }
 
     /// Reads from `offset` up to the HW; `first_in_response`: the first batch may exceed
-    /// `max_bytes` (KIP-74), otherwise an oversized batch is left for a later fetch.
+    /// `max_bytes` (KIP-74), otherwise an oversized batch is left for a later fetch. Takes
+    /// what a read ahead found there, and starts the next one (`read_ahead`).
     pub async fn read(
         &self,
         offset: i64,
@@ -335,11 +339,23 @@ impl Partition {
         if offset < log_start {
             return Err(BrokerError::OffsetOutOfRange);
         }
-        let records = self
-            .log
-            .read(offset, max_bytes, hw, first_in_response)
+        // A read ahead from `offset` holds what this read would return (committed records,
+        // whole batches from `offset`), or less: it stopped at the HW of its time.
+        let ahead = self
+            .read_ahead
+            .take(offset)
             .await
-            .map_err(BrokerError::from_log)?;
+            .map(|records| records::leading_batches(&records, max_bytes, first_in_response));
+        let records = match ahead {
+            Some(records) if !records.is_empty() => records,
+            _ => self
+                .log
+                .read(offset, max_bytes, hw, first_in_response)
+                .await
+                .map_err(BrokerError::from_log)?,
+        };
+        self.read_ahead
+            .after_read(&self.log, offset, &records, max_bytes, hw);
         Ok(ReadResult {
             records,
             high_watermark: hw,

@@ -672,6 +672,12 @@ impl<F: Fs> Log<F> {
         }
     }
 
+    /// Whether a read at `offset` finds it in the in-memory tail rather than on disk.
+    pub fn is_cached(&self, offset: i64) -> bool {
+        let st = self.state.borrow();
+        st.cache.front().is_some_and(|(base, _, _)| *base <= offset)
+    }
+
     /// Reads whole batches starting with the one that contains `offset`, at most `max_bytes`,
     /// never at or past `limit_offset` nor past the durable offset. With `oversized_first`
     /// the first batch comes whole even when larger than `max_bytes` (KIP-74); without it

@@ -18,7 +18,7 @@ of them alike; the report gives medians and the spread [min-max] over repetition
 
 Phases:
   1  startup, max-throughput          (Kafka's max sets the rates of phase 2)
-  2  fixed-rate, fan-out, catch-up    (+ the Kafka-tools cross-check, first rep only)
+  2  fixed-rate, fan-out, catch-up, catch-up-cold (+ the Kafka-tools cross-check, first rep only)
   3  many-partitions                  (on a loop-mounted scratch filesystem)
   4  replicated                       (3 nodes of each configuration, RF=3: throughput,
                                        latency at a fixed rate, many idle partitions)
@@ -652,7 +652,9 @@ class Harness:
             if config not in self.settings:
                 self.settings[config] = b.settings()
             for name, fn in (("fixed-rate", self.fixed_rate), ("fan-out", self.fan_out), ("catch-up", self.catch_up)):
-                if name not in self.args.workloads:
+                # catch_up also runs catch-up-cold, on the same backlog.
+                names = {name, "catch-up-cold"} if name == "catch-up" else {name}
+                if not names & set(self.args.workloads):
                     continue
                 if not b.alive():
                     self.fail(2, config, rep, name, f"broker not running; log tail:\n{b.log_tail()}")
@@ -715,6 +717,8 @@ class Harness:
             **s.figures(cpu)}, raw)
 
     def catch_up(self, b, config, rep):
+        """A backlog written, then read from the start: as the writes left the page cache
+        (catch-up), then again after dropping the page cache (catch-up-cold)."""
         q = self.p["catch_up"]
         records = q["bytes"] // self.p["record_bytes"]
         label = f"backlog-{config}-r{rep}"
@@ -724,14 +728,26 @@ class Harness:
         pr = d["produce"]
         self.check_produce(pr, label)
         time.sleep(1)
-        label = f"catch-up-{config}-r{rep}"
+        if "catch-up" in self.args.workloads:
+            self.read_backlog(b, config, rep, "catch-up", records, pr)
+        if "catch-up-cold" in self.args.workloads:
+            try:
+                os.sync()
+                Path("/proc/sys/vm/drop_caches").write_text("3\n")
+            except OSError as e:
+                raise RuntimeError(f"catch-up-cold needs to drop the page cache (as root): {e}") from e
+            time.sleep(1)
+            self.read_backlog(b, config, rep, "catch-up-cold", records, pr)
+
+    def read_backlog(self, b, config, rep, workload, records, pr):
+        label = f"{workload}-{config}-r{rep}"
         with Sampler(b.pid) as s:
             d, cpu, raw = self.bench(b, label, ["--topic", "backlog", "--producers", 0, "--consumers", 1, "--consume-from", "earliest",
                                                 "--no-parse-records", "--consume-timeout-s", 900], 1000)
         c = d["consumers"][0]
         if not c["reached_end"]:
             raise RuntimeError(f"{label}: consumer did not reach the end of the backlog ({c['records']} of {records} records)")
-        self.record(2, config, rep, "catch-up", {
+        self.record(2, config, rep, workload, {
             "backlog_gib": round(pr["acked_records"] * self.p["record_bytes"] / 2**30, 3),
             "backlog_produce_mbps": round(pr["throughput_mbps"], 2),
             "throughput_mbps": round(c["throughput_mbps"], 2),
@@ -988,7 +1004,7 @@ class Harness:
         self.kafka_max_rps = self.median_metric("max-throughput", "throughput_rps", "kafka") \
             or self.median_metric("max-throughput", "throughput_rps", None) or 10_000
         log(f"fixed rates are fractions of {self.kafka_max_rps:.0f} records/s")
-        if wl & {"fixed-rate", "fan-out", "catch-up"}:
+        if wl & {"fixed-rate", "fan-out", "catch-up", "catch-up-cold"}:
             for rep in range(reps):
                 for c in self.order(rep):
                     log(f"phase 2 rep {rep + 1}/{reps}: {c}")
@@ -1130,7 +1146,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one repetition: a smoke test of the harness (a few minutes)")
     ap.add_argument("--reps", type=int, help="repetitions (default 3, quick 1)")
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {','.join(CONFIGS)}")
-    ap.add_argument("--workloads", default="startup,max-throughput,fixed-rate,fan-out,catch-up,many-partitions,replicated")
+    ap.add_argument("--workloads", default="startup,max-throughput,fixed-rate,fan-out,catch-up,catch-up-cold,many-partitions,replicated")
     ap.add_argument("--no-cross-check", action="store_true", help="skip Kafka's ProducerPerformance/ConsumerPerformance")
     ap.add_argument("--ferrolog-cores", type=int, default=NCPU, help="ferrolog --cores (default: all cores)")
     ap.add_argument("--many-partitions-fs", choices=["disk", "loop"], default="disk",

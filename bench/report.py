@@ -26,6 +26,8 @@ HEADLINE = [
     ("Fan-out (3 consumers) end-to-end p99, worst consumer (ms)", "fan-out", None, "e2e_p99_ms_worst_consumer", False),
     ("Catch-up read throughput (MB/s)", "catch-up", None, "throughput_mbps", True),
     ("Catch-up broker CPU (CPU-s per GiB read)", "catch-up", None, "broker_cpu_s_per_gib", False),
+    ("Catch-up, page cache dropped (MB/s)", "catch-up-cold", None, "throughput_mbps", True),
+    ("Catch-up, page cache dropped: broker CPU (CPU-s per GiB read)", "catch-up-cold", None, "broker_cpu_s_per_gib", False),
     ("Produce broker CPU at max throughput (CPU-s per GiB)", "max-throughput", None, "broker_cpu_s_per_gib", False),
     ("Same, with kernel threads (writeback, journal) (CPU-s per GiB)", "max-throughput", None, "broker_and_kernel_cpu_s_per_gib", False),
     ("Restart to first acked produce (ms)", "startup", None, "restart_to_ack_ms", False),
@@ -60,6 +62,8 @@ WORKLOAD_NOTES = {
                 "1 MiB per partition, one fetch in flight). The page cache is left as the writes left it: Kafka reads "
                 "recent data from the page cache, ferrolog (Direct I/O) reads from the disk or its batch cache. "
                 "MB/s counts record-batch bytes.",
+    "catch-up-cold": "The catch-up backlog read again from the start after `sync` and `echo 3 > /proc/sys/vm/drop_caches`, "
+                     "so both brokers read it from the disk.",
     "many-partitions": "One topic with many partitions on one node, created in steps of 5,000 (Kafka refuses larger "
                        "single operations). Idle CPU after the broker settles, then open-loop produce round-robin over "
                        "all partitions (1-record batches), then idle again. Before the measured run one record goes "
@@ -183,6 +187,7 @@ def hardware_percentages(summary, hw, configs):
     for c in configs:
         mt = get(summary, "max-throughput", None, "throughput_mbps", c)
         cu = get(summary, "catch-up", None, "throughput_mbps", c)
+        cc = get(summary, "catch-up-cold", None, "throughput_mbps", c)
         fr = get(summary, "fixed-rate", 0.5, "p50_ms", c)
         fs = hw["fdatasync_direct_4k"]["p50_us"] / 1000 if c == "ferrolog" else hw["fdatasync_buffered_4k"]["p50_us"] / 1000
         rows.append({
@@ -193,6 +198,8 @@ def hardware_percentages(summary, hw, configs):
             "catch_up_mbps": cu["median"] if cu else None,
             "catch_up_pct_of_disk_read": pct(cu["median"] if cu else None, hw["direct_read_mbps"]),
             "catch_up_pct_of_loopback": pct(cu["median"] if cu else None, lo),
+            "catch_up_cold_mbps": cc["median"] if cc else None,
+            "catch_up_cold_pct_of_disk_read": pct(cc["median"] if cc else None, hw["direct_read_mbps"]),
             "fixed_rate_50_p50_ms": fr["median"] if fr else None,
             "fdatasync_p50_ms": round(fs, 3),
             "fdatasync_p50_pct_of_produce_p50": pct(fs, fr["median"] if fr else None),
@@ -431,11 +438,13 @@ def markdown(h, r, summary):
             "and loopback; a catch-up read by loopback, and by the disk when it misses the cache; an acks=all latency "
             "cannot go below one fdatasync — Direct I/O's for ferrolog, buffered for Kafka):")
         add("")
-        add("| broker | max produce MB/s | % of disk write | % of loopback | catch-up MB/s | % of disk read | % of loopback | produce p50 @50% (ms) | fdatasync p50 (ms) | fdatasync as % of p50 |")
-        add("|---|---|---|---|---|---|---|---|---|---|")
+        add("| broker | max produce MB/s | % of disk write | % of loopback | catch-up MB/s | % of disk read | % of loopback | "
+            "cold catch-up MB/s | % of disk read | produce p50 @50% (ms) | fdatasync p50 (ms) | fdatasync as % of p50 |")
+        add("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for x in r["hardware_percentages"]:
             add(f"| {x['config']} | {fmt(x['max_throughput_mbps'])} | {fmt(x['max_throughput_pct_of_disk_write'])}% | {fmt(x['max_throughput_pct_of_loopback'])}% | "
                 f"{fmt(x['catch_up_mbps'])} | {fmt(x['catch_up_pct_of_disk_read'])}% | {fmt(x['catch_up_pct_of_loopback'])}% | "
+                f"{fmt(x.get('catch_up_cold_mbps'))} | {fmt(x.get('catch_up_cold_pct_of_disk_read'))}% | "
                 f"{fmt(x['fixed_rate_50_p50_ms'])} | {fmt(x['fdatasync_p50_ms'])} | {fmt(x['fdatasync_p50_pct_of_produce_p50'])}% |")
         add("")
         add("On a 2-core machine the load generator shares the CPU with the broker; loopback bandwidth is measured with "
@@ -447,7 +456,8 @@ def markdown(h, r, summary):
     add("")
     add("## Workloads")
     for w, title in (("startup", "startup"), ("max-throughput", "max-throughput"), ("max-throughput-ramp", "max-throughput: open-loop ramp"),
-                     ("fixed-rate", "fixed-rate"), ("fan-out", "fan-out"), ("catch-up", "catch-up"), ("many-partitions", "many-partitions"),
+                     ("fixed-rate", "fixed-rate"), ("fan-out", "fan-out"), ("catch-up", "catch-up"), ("catch-up-cold", "catch-up, page cache dropped"),
+                     ("many-partitions", "many-partitions"),
                      ("replicated-throughput", "replicated: throughput"), ("replicated-fixed-rate", "replicated: fixed rate"),
                      ("replicated-many-partitions", "replicated: many partitions")):
         if w not in summary:

@@ -96,12 +96,14 @@ impl ReadAhead {
     /// ahead is kept from elsewhere. One from inside what this read returned (a shorter
     /// read of the same reader's) is replaced.
     pub fn after_read(&self, log: &Rc<Log>, from: i64, records: &[u8], share: usize, limit: i64) {
+        // A batch larger than the share: a read ahead of that size would find nothing.
+        if share < SHARE_BYTES_MIN || records.len() > share {
+            return;
+        }
         let Some(next) = records::next_offset(records) else {
             return;
         };
-        // A batch larger than the share: a read ahead of that size would find nothing.
-        if share < SHARE_BYTES_MIN || records.len() > share || next >= limit || log.is_cached(next)
-        {
+        if next >= limit || log.is_cached(next) {
             return;
         }
         {

@@ -628,7 +628,8 @@ fn put_nullable_string(b: &mut BytesMut, s: Option<&str>) {
     }
 }
 
-fn put_uvarint(b: &mut BytesMut, mut v: u64) {
+/// Kafka's unsigned varint (compact lengths).
+pub fn put_uvarint(b: &mut BytesMut, mut v: u64) {
     while v >= 0x80 {
         b.put_u8((v as u8) | 0x80);
         v >>= 7;

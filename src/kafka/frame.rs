@@ -12,6 +12,7 @@ use std::sync::OnceLock;
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::ResponseKind;
 
+use crate::group::codec;
 use crate::kafka::dispatch::{self, Response};
 
 /// Records shorter than this are copied into the frame: a write of their own costs more.
@@ -38,19 +39,14 @@ fn marker(i: usize) -> [u8; 16] {
 
 /// How a records field's length is written before its bytes: an int32 up to Fetch v11, an
 /// unsigned varint of length + 1 (compact bytes) from v12.
-fn length_prefix(version: i16, len: usize) -> Vec<u8> {
+fn length_prefix(version: i16, len: usize) -> BytesMut {
+    let mut out = BytesMut::with_capacity(5);
     if version >= 12 {
-        let mut out = Vec::with_capacity(5);
-        let mut v = len as u64 + 1;
-        while v >= 0x80 {
-            out.push((v as u8) | 0x80);
-            v >>= 7;
-        }
-        out.push(v as u8);
-        out
+        codec::put_uvarint(&mut out, len as u64 + 1);
     } else {
-        (len as i32).to_be_bytes().to_vec()
+        out.put_i32(len as i32);
     }
+    out
 }
 
 /// Encodes `response` as a frame and returns it as pieces to write in order (slices of what

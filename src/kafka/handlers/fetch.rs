@@ -309,6 +309,7 @@ async fn read_all(
     max_bytes: usize,
 ) -> Vec<Read> {
     let mut results = Vec::with_capacity(targets.len());
+    let mut owners = Vec::with_capacity(targets.len());
     let mut asked = Vec::with_capacity(targets.len());
     let mut reads = Vec::with_capacity(targets.len());
     let mut left = max_bytes;
@@ -319,48 +320,52 @@ async fn read_all(
             oversized_first: false,
         };
         match ctx.shard.owner_of(image, &t.tp) {
-            Ok(_) => {
+            Ok(owner) => {
                 ask.want = t.limit.min(left);
                 ask.oversized_first = left == max_bytes && ask.want > 0;
                 left -= ask.want;
                 reads.push(ask);
+                owners.push(Some(owner));
                 // Replaced by its read below.
                 results.push(failed(BrokerError::UnknownTopicOrPartition));
             }
-            Err(e) => results.push(failed(e)),
+            Err(e) => {
+                owners.push(None);
+                results.push(failed(e));
+            }
         }
         asked.push(ask);
     }
-    for round in 0..=REREAD_ROUNDS_MAX {
-        for (i, r) in read_concurrently(ctx, image, targets, &reads).await {
+    for _ in 0..=REREAD_ROUNDS_MAX {
+        if reads.is_empty() {
+            break;
+        }
+        for (i, r) in read_concurrently(ctx, &owners, targets, &reads).await {
             results[i] = r;
         }
         for a in &reads {
             asked[a.i] = *a;
         }
         reads = settle(targets, &asked, max_bytes, &mut results);
-        if reads.is_empty() || round == REREAD_ROUNDS_MAX {
-            break;
-        }
     }
     results
 }
 
-/// Makes `reads`, every shard at once and up to `READS_IN_FLIGHT_MAX` on each.
+/// Makes `reads` (of targets whose `owners` are known), every shard at once and up to
+/// `READS_IN_FLIGHT_MAX` on each.
 async fn read_concurrently(
     ctx: &Rc<RequestContext>,
-    image: &MetadataImage,
+    owners: &[Option<ShardId>],
     targets: &[Target],
     reads: &[Ask],
 ) -> Vec<(usize, Read)> {
     let mut by_shard: BTreeMap<ShardId, Vec<(Ask, Target)>> = BTreeMap::new();
-    let mut out = Vec::new();
     for a in reads {
-        let t = &targets[a.i];
-        match ctx.shard.owner_of(image, &t.tp) {
-            Ok(owner) => by_shard.entry(owner).or_default().push((*a, t.clone())),
-            Err(e) => out.push((a.i, failed(e))),
-        }
+        let owner = owners[a.i].expect("only targets with an owner are read");
+        by_shard
+            .entry(owner)
+            .or_default()
+            .push((*a, targets[a.i].clone()));
     }
     let shard_reads = by_shard.into_iter().map(|(owner, work)| {
         ctx.shard.invoke_on(owner, move |shard| {
@@ -375,8 +380,7 @@ async fn read_concurrently(
                 .boxed_local()
         })
     });
-    out.extend(join_all(shard_reads).await.into_iter().flatten());
-    out
+    join_all(shard_reads).await.into_iter().flatten().collect()
 }
 
 /// Walks `results` (read as `asked`) in the request's order with the room a sequential read

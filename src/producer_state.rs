@@ -22,6 +22,12 @@ const STATE_VERSION: u8 = 1;
 #[error("producer state: {0}")]
 pub struct StateError(String);
 
+impl StateError {
+    pub fn new(why: &str) -> StateError {
+        StateError(why.into())
+    }
+}
+
 /// Batches remembered per producer (Kafka's `NUM_BATCHES_TO_RETAIN`).
 const BATCHES_RETAINED: usize = 5;
 /// Producers remembered per partition; the least recently used is forgotten past this.

@@ -190,8 +190,17 @@ struct Node {
 /// lease); `resync`, a leader's producer state rebuilt while a batch that timed out
 /// uncommitted is still in its log; `read-start`, reads that see the log's own start, so a
 /// leader elected before it moved its log start to a log-start entry's serves deleted
-/// records.
-pub const UNFIXES: [&str; 6] = ["c", "producers", "lease", "reads", "resync", "read-start"];
+/// records; `snapshot-start`, snapshots without the log start that log-start entries asked
+/// for, so a replica restarted from one before its purge moved its log start forgets it.
+pub const UNFIXES: [&str; 7] = [
+    "c",
+    "producers",
+    "lease",
+    "reads",
+    "resync",
+    "read-start",
+    "snapshot-start",
+];
 
 /// The broker's replica on every node (see the module doc).
 pub struct ReplicaMode {
@@ -230,6 +239,7 @@ impl Mode for ReplicaMode {
         unfix::set_reads_without_lease(undone("reads"));
         unfix::set_resync_with_tail(undone("resync"));
         unfix::set_reads_below_asked_start(undone("read-start"));
+        unfix::set_snapshots_without_log_start(undone("snapshot-start"));
         async move {
             let NodeCtx {
                 node,

@@ -53,7 +53,10 @@ struct Args {
     /// `--replica`, `resync` rebuilds a leader's producer state after a refused proposal
     /// while a batch that timed out uncommitted is still in its log; with `--replica`,
     /// `read-start` has reads see the log's own start, so a leader elected before it moved
-    /// its log start to a log-start entry's serves deleted records; `straddle` lets a truncation
+    /// its log start to a log-start entry's serves deleted records; with `--replica`,
+    /// `snapshot-start` takes snapshots without the log start that log-start entries asked
+    /// for, so a replica restarted from one before its purge moved its log start forgets
+    /// it and serves deleted records once it leads; `straddle` lets a truncation
     /// of a log whose start lies inside its first entry's batch cut below the start; with
     /// `--log`, `g-open` calls a
     /// recovered tail durable without an fsync, `g-truncate` cuts a segment without
@@ -126,7 +129,7 @@ fn main() -> ExitCode {
             (_, true, Some(flag)) => undo |= flag,
             (other, _, _) => {
                 eprintln!(
-                    "ferrolog-sim: unknown --unfix {other:?} (known: a, h, purge, straddle; with --replica: c, producers, lease, reads, resync, read-start; with --log: g-open, g-truncate, g-index, g-finish, g-start, g-read, g-failed, g-orphan, g-cut-read, g-start-past-end)"
+                    "ferrolog-sim: unknown --unfix {other:?} (known: a, h, purge, straddle; with --replica: c, producers, lease, reads, resync, read-start, snapshot-start; with --log: g-open, g-truncate, g-index, g-finish, g-start, g-read, g-failed, g-orphan, g-cut-read, g-start-past-end)"
                 );
                 return ExitCode::from(2);
             }

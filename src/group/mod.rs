@@ -480,13 +480,15 @@ impl GroupCoordinator {
 pub async fn load(shard: Rc<Shard>, index: i32, partition: Rc<Partition>, load: u64) {
     let started = std::time::Instant::now();
     let end = partition.high_watermark();
-    let mut offset = partition.log.start_offset();
+    // The log start reads see: a replica that applied a rewrite's log start may not have
+    // moved its own log there yet, and reads below it are out of range.
+    let mut offset = partition.log_start();
     let mut records = 0usize;
     let cfg = shard.config.group.clone();
     while offset < end {
         let bytes = match partition.read(offset, LOAD_READ_BYTES, true).await {
             Ok(r) => r.records,
-            Err(_) if partition.log.start_offset() > offset => {
+            Err(_) if partition.log_start() > offset => {
                 // The log start moved under the load (replicated: this replica applied a
                 // rewrite's log start): replay again from there, where the live state is
                 // whole, so nothing dropped before it comes back.
@@ -495,7 +497,7 @@ pub async fn load(shard: Rc<Shard>, index: i32, partition: Rc<Partition>, load: 
                     return;
                 }
                 coordinator.groups.retain(|_, g| g.partition != index);
-                offset = partition.log.start_offset();
+                offset = partition.log_start();
                 records = 0;
                 continue;
             }

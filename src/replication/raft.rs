@@ -47,6 +47,7 @@ use std::path::Path;
 use std::rc::Rc;
 use std::time::Duration;
 
+use bytes::BufMut;
 use ferrolog_io::batch::BatchHeader;
 use ferrolog_io::{Log, LogConfig};
 use ferrolog_raft::async_runtime::watch::WatchReceiver;
@@ -65,7 +66,7 @@ use uuid::Uuid;
 
 use crate::errors::BrokerError;
 use crate::partition::Appended;
-use crate::producer_state::{ProducerStates, SequenceCheck};
+use crate::producer_state::{ProducerStates, SequenceCheck, StateError};
 
 use super::host::{At, Host, HostRaft, Runtime};
 
@@ -197,6 +198,49 @@ pub struct QuietLead {
 }
 
 /// Where a replica sits: this node, the partition's replicas and their Raft addresses.
+/// What a partition's Raft snapshot carries of the entries it covers (`StateAt`): the log
+/// start that log-start entries asked for and the producer state. Encoded as version 2, the
+/// log start, then `ProducerStates::encode`; a snapshot written before version 2 holds the
+/// producer state alone (its own version byte is 1), or nothing.
+#[derive(Debug, Default)]
+struct SnapshotState {
+    log_start_wanted: i64,
+    producers: ProducerStates,
+}
+
+impl SnapshotState {
+    const VERSION: u8 = 2;
+
+    fn encode(&self) -> bytes::Bytes {
+        let producers = self.producers.encode();
+        let mut out = bytes::BytesMut::with_capacity(9 + producers.len());
+        out.put_u8(Self::VERSION);
+        out.put_i64(self.log_start_wanted);
+        out.put_slice(&producers);
+        out.freeze()
+    }
+
+    fn decode(bytes: &[u8]) -> Result<SnapshotState, StateError> {
+        match bytes {
+            [Self::VERSION, rest @ ..] => {
+                // `ProducerStates::encode` writes at least its header, never nothing.
+                let (start, producers) = rest
+                    .split_first_chunk::<8>()
+                    .filter(|(_, producers)| !producers.is_empty())
+                    .ok_or_else(|| StateError::new("truncated"))?;
+                Ok(SnapshotState {
+                    log_start_wanted: i64::from_be_bytes(*start),
+                    producers: ProducerStates::decode(producers)?,
+                })
+            }
+            older => Ok(SnapshotState {
+                log_start_wanted: 0,
+                producers: ProducerStates::decode(older)?,
+            }),
+        }
+    }
+}
+
 pub struct Placement<'a, H: Host = Transport> {
     pub node_id: i32,
     pub replicas: &'a [i32],
@@ -289,12 +333,21 @@ impl<H: Host> Replica<H> {
                     // took it): a batch purged since is still known to its producer's
                     // retry after a restart or on a follower that took the snapshot, as a
                     // Kafka replica keeps its producer state across retention.
+                    // The log start asked for comes back too: the log-start entries it
+                    // covers are not applied again, and this replica's own log may still
+                    // start lower (its purge had not moved it when it went down).
                     Applied::Snapshot(data) => {
-                        match ProducerStates::decode(&data.partition_state) {
-                            Ok(states) => *producers.borrow_mut() = states,
+                        match SnapshotState::decode(&data.partition_state) {
+                            Ok(state) => {
+                                *producers.borrow_mut() = state.producers;
+                                if state.log_start_wanted > wanted.get() {
+                                    wanted.set(state.log_start_wanted);
+                                    log_start_asked.notify_one();
+                                }
+                            }
                             Err(e) => {
                                 tracing::error!(group = group.0, error = %e,
-                                    "a snapshot's producer state does not decode: starting without it");
+                                    "a snapshot's partition state does not decode: starting without it");
                                 *producers.borrow_mut() = ProducerStates::default();
                             }
                         }
@@ -336,9 +389,23 @@ impl<H: Host> Replica<H> {
         };
         let state_at: StateAt = {
             let producers = applied_producers.clone();
-            Box::new(move |next| match unfix::snapshots_without_producers() {
-                true => bytes::Bytes::new(),
-                false => producers.borrow().below(next).encode(),
+            let wanted = log_start_wanted.clone();
+            Box::new(move |next| {
+                let producers = match unfix::snapshots_without_producers() {
+                    true => ProducerStates::default(),
+                    false => producers.borrow().below(next),
+                };
+                // What the log-start entries applied so far asked for, even one past `next`:
+                // each is committed, and every replica that reads leads after applying it.
+                let log_start_wanted = match unfix::snapshots_without_log_start() {
+                    true => 0,
+                    false => wanted.get(),
+                };
+                SnapshotState {
+                    log_start_wanted,
+                    producers,
+                }
+                .encode()
             })
         };
         let raft = Raft::new(
@@ -1205,6 +1272,18 @@ pub mod unfix {
         static READS_WITHOUT_LEASE: Cell<bool> = const { Cell::new(false) };
         static RESYNC_WITH_TAIL: Cell<bool> = const { Cell::new(false) };
         static READS_BELOW_ASKED_START: Cell<bool> = const { Cell::new(false) };
+        static SNAPSHOTS_WITHOUT_LOG_START: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// Snapshots carry no log start: a replica restarted from a snapshot that covers a
+    /// log-start entry, before its purge moved its log there, forgets that entry and serves
+    /// the records DeleteRecords deleted once it leads.
+    pub fn set_snapshots_without_log_start(on: bool) {
+        SNAPSHOTS_WITHOUT_LOG_START.with(|c| c.set(on));
+    }
+
+    pub(super) fn snapshots_without_log_start() -> bool {
+        SNAPSHOTS_WITHOUT_LOG_START.with(Cell::get)
     }
 
     /// Reads see the log's own start only: a leader elected after it applied a log-start
@@ -1273,6 +1352,43 @@ pub mod unfix {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn snapshot_state_keeps_the_log_start_and_reads_older_snapshots() {
+        let mut producers = ProducerStates::default();
+        producers.record(&BatchHeader {
+            base_offset: 7,
+            batch_length: 100,
+            partition_leader_epoch: 0,
+            magic: 2,
+            crc: 0,
+            attributes: 0,
+            last_offset_delta: 2,
+            base_timestamp: 1,
+            max_timestamp: 1,
+            producer_id: 42,
+            producer_epoch: 0,
+            base_sequence: 0,
+            record_count: 3,
+        });
+        let state = SnapshotState {
+            log_start_wanted: 1234,
+            producers,
+        };
+        let back = SnapshotState::decode(&state.encode()).unwrap();
+        assert_eq!(back.log_start_wanted, 1234);
+        assert_eq!(back.producers.encode(), state.producers.encode());
+        // Before version 2: the producer state alone, or nothing.
+        let older = SnapshotState::decode(&state.producers.encode()).unwrap();
+        assert_eq!(older.log_start_wanted, 0);
+        assert_eq!(older.producers.encode(), state.producers.encode());
+        assert_eq!(SnapshotState::decode(&[]).unwrap().log_start_wanted, 0);
+        // Damage is an error, never a panic.
+        let encoded = state.encode();
+        for cut in 1..encoded.len() {
+            assert!(SnapshotState::decode(&encoded[..cut]).is_err(), "cut at {cut}");
+        }
+    }
 
     /// A topic id other than `a` whose partition 0 has the same CRC32C key as `a`'s (CRC is
     /// linear: any combination of bit flips in the id that the CRC maps to zero keeps it).

@@ -196,6 +196,19 @@ def raise_memlock():
             pass
 
 
+# `--pinned`: the CPU the brokers run on and the one the load generator runs on.
+BROKER_CPU, CLIENT_CPU = 0, 1
+
+
+def pinned_to(cpu, then=None):
+    """A preexec_fn that pins the child (and every thread or process it starts) to `cpu`."""
+    def pin():
+        if then:
+            then()
+        os.sched_setaffinity(0, {cpu})
+    return pin
+
+
 def disk_free_bytes(path):
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
@@ -204,8 +217,9 @@ def disk_free_bytes(path):
 class Broker:
     """One broker process: started, sampled, stopped. Only processes it started are signalled."""
 
-    def __init__(self, config, work_dir, ferrolog_cores):
+    def __init__(self, config, work_dir, ferrolog_cores, pinned=False):
         self.config = config
+        self.pinned = pinned
         self.work_dir = Path(work_dir)
         self.data_dir = self.work_dir / "data"
         self.port = free_port()
@@ -266,7 +280,8 @@ class Broker:
         self.exec_ns = time.time_ns()
         self.proc = subprocess.Popen(
             self.command(), stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=env, start_new_session=True, preexec_fn=raise_memlock,
+            env=env, start_new_session=True,
+            preexec_fn=pinned_to(BROKER_CPU, raise_memlock) if self.pinned else raise_memlock,
         )
         logf.close()
         self._guard_stop = threading.Event()
@@ -342,10 +357,10 @@ class Cluster:
     controller voter (ferrolog: `--cores 1` each; Kafka: KRaft combined mode, a static voter
     set, the same heap as a single node). Duck-types the parts of Broker the workloads use."""
 
-    def __init__(self, config, work_dir):
+    def __init__(self, config, work_dir, pinned=False):
         self.config = config
         self.work_dir = Path(work_dir)
-        self.nodes = [Broker(config, self.work_dir / f"node-{i}", 1) for i in range(1, CLUSTER_SIZE + 1)]
+        self.nodes = [Broker(config, self.work_dir / f"node-{i}", 1, pinned) for i in range(1, CLUSTER_SIZE + 1)]
         voters = ",".join(f"{i}@127.0.0.1:{b.controller_port}" for i, b in enumerate(self.nodes, 1))
         cluster_id = "B" + hashlib.sha256(str(work_dir).encode() + os.urandom(8)).hexdigest()[:21]
         for i, b in enumerate(self.nodes, 1):
@@ -452,10 +467,12 @@ def settle(pids, max_s):
     return round(time.time() - t, 1)
 
 
-def run_child(cmd, timeout_s, log_path=None, env=None):
-    """Runs a command; returns (exit status, stdout, stderr tail, CPU seconds it used)."""
+def run_child(cmd, timeout_s, log_path=None, env=None, cpu=None):
+    """Runs a command (pinned to `cpu` if given); returns (exit status, stdout, CPU seconds it
+    used)."""
     out_f = open(log_path, "ab") if log_path else subprocess.DEVNULL
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=out_f, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=out_f, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                         preexec_fn=None if cpu is None else pinned_to(cpu))
     timer = threading.Timer(timeout_s, lambda: p.poll() is None and p.kill())
     timer.start()
     chunks = []
@@ -518,7 +535,7 @@ class Harness:
         """Runs `ferrolog-bench run` against `broker`; returns its JSON and the client CPU."""
         raw = self.raw_dir / f"{label}.json"
         cmd = [str(BENCH_BIN), "run", "--bootstrap", broker.bootstrap, "--label", label, "--json", str(raw), *map(str, args)]
-        rc, _, cpu = run_child(cmd, timeout_s, self.logs / "bench.log")
+        rc, _, cpu = run_child(cmd, timeout_s, self.logs / "bench.log", cpu=CLIENT_CPU if self.args.pinned else None)
         if rc != 0:
             tail = "\n".join((self.logs / "bench.log").read_text(errors="replace").splitlines()[-5:])
             raise RuntimeError(f"ferrolog-bench {label} exited {rc}: {tail}")
@@ -546,7 +563,7 @@ class Harness:
         wd = Path(work_dir or (self.work / f"{name}-{config}-r{rep}"))
         if wd.exists():
             shutil.rmtree(wd)
-        return Broker(config, wd, self.args.ferrolog_cores)
+        return Broker(config, wd, self.args.ferrolog_cores, self.args.pinned)
 
     def end_session(self, broker):
         took = broker.stop()
@@ -857,7 +874,7 @@ class Harness:
         many idle partitions (the cost of idle Raft groups / replica fetchers) and a
         round-robin produce over all of them. CPU and memory are the sums over the nodes."""
         q = self.p["replicated"]
-        c = Cluster(config, self.work / f"p4-{config}-r{rep}")
+        c = Cluster(config, self.work / f"p4-{config}-r{rep}", self.args.pinned)
         rf = str(CLUSTER_SIZE)
         try:
             c.start()
@@ -1128,7 +1145,7 @@ def rerender(out_dir):
     out_dir = Path(out_dir)
     r = json.loads((out_dir / "results.json").read_text())
     args = argparse.Namespace(configs=r["configs"], quick=r["quick"], ferrolog_cores=r["ferrolog_cores"], out=str(out_dir),
-                              work_dir=None)
+                              work_dir=None, pinned=r.get("pinned", False))
     h = Harness.__new__(Harness)
     h.args, h.p, h.out_dir, h.raw_dir = args, r["profile"], out_dir, out_dir / "raw"
     h.runs, h.errors, h.settings, h.api_versions = r["runs"], [e for e in r["errors"] if e["workload"] != "plots"], r["settings"], r["api_versions"]
@@ -1148,7 +1165,10 @@ def main():
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {','.join(CONFIGS)}")
     ap.add_argument("--workloads", default="startup,max-throughput,fixed-rate,fan-out,catch-up,catch-up-cold,many-partitions,replicated")
     ap.add_argument("--no-cross-check", action="store_true", help="skip Kafka's ProducerPerformance/ConsumerPerformance")
-    ap.add_argument("--ferrolog-cores", type=int, default=NCPU, help="ferrolog --cores (default: all cores)")
+    ap.add_argument("--ferrolog-cores", type=int, help="ferrolog --cores (default: all cores; 1 with --pinned)")
+    ap.add_argument("--pinned", action="store_true",
+                    help=f"each broker (every node of a cluster too) on CPU {BROKER_CPU} only, the load generator on CPU {CLIENT_CPU}, "
+                         "so they do not compete for a core; ferrolog gets --cores 1")
     ap.add_argument("--many-partitions-fs", choices=["disk", "loop"], default="disk",
                     help="where many-partitions keeps its data: the data disk (under the disk guard) or a loop-mounted "
                          "sparse ext4 image that nothing can fill the disk through (its fsyncs are ~4x slower)")
@@ -1160,6 +1180,9 @@ def main():
         if c not in CONFIGS:
             ap.error(f"unknown config {c}")
     args.workloads = [w for w in args.workloads.split(",") if w]
+    if args.pinned and len(os.sched_getaffinity(0) & {BROKER_CPU, CLIENT_CPU}) < 2:
+        sys.exit(f"bench: --pinned needs CPUs {BROKER_CPU} and {CLIENT_CPU}")
+    args.ferrolog_cores = args.ferrolog_cores or (1 if args.pinned else NCPU)
     profile = json.loads(json.dumps(PROFILES["quick" if args.quick else "full"]))
     if args.reps:
         profile["reps"] = args.reps

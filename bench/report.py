@@ -344,6 +344,7 @@ def write(h, interrupted):
         "profile": h.p,
         "configs": configs,
         "ferrolog_cores": h.args.ferrolog_cores,
+        "pinned": getattr(h.args, "pinned", False),
         "kafka_reference_rps": getattr(h, "kafka_max_rps", None),
         "quiet_wait_s": round(getattr(h, "quiet_wait_s", 0.0), 1),
         "hardware": h.hw,
@@ -520,6 +521,9 @@ def markdown(h, r, summary):
     add("## Configuration")
     add("")
     add(f"- ferrolog: `--cores {r['ferrolog_cores']}`, defaults otherwise (fsync before acknowledging acks=all).")
+    if r["pinned"]:
+        add("- Pinned (`--pinned`): every broker process on CPU 0 only, the load generator on CPU 1 only (CPU affinity, "
+            "inherited by every thread), so broker and client do not compete for a core.")
     add(f"- Apache Kafka: single-node KRaft (broker+controller), JVM `{h.machine.get('java')}`, heap `-Xms1g -Xmx1g`, G1 "
         "(scripts/start-apache-kafka.sh); `kafka-flush` adds `log.flush.interval.messages=1`.")
     add(f"- Fixed rates are fractions of {fmt(r['kafka_reference_rps'])} records/s (Kafka default mode, median closed-loop max).")

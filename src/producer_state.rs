@@ -14,8 +14,9 @@ use serde::{Deserialize, Serialize};
 
 use ferrolog_io::batch::BatchHeader;
 
-/// The version of `ProducerStates::encode`.
-const STATE_VERSION: u8 = 1;
+/// The version of `ProducerStates::encode` (a Raft snapshot's partition state tells its own
+/// layout from this one by it: `replication::raft::SnapshotState`).
+pub(crate) const STATE_VERSION: u8 = 1;
 
 /// Why bytes are not an encoded producer state.
 #[derive(Debug, thiserror::Error)]

@@ -41,7 +41,7 @@
 //! shard's Raft transport (one connection each way per pair of shards, see `replication`).
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::Path;
 use std::rc::Rc;
@@ -197,16 +197,18 @@ pub struct QuietLead {
     pub followers: Vec<u64>,
 }
 
-/// Where a replica sits: this node, the partition's replicas and their Raft addresses.
 /// What a partition's Raft snapshot carries of the entries it covers (`StateAt`): the log
 /// start that log-start entries asked for and the producer state. Encoded as version 2, the
 /// log start, then `ProducerStates::encode`; a snapshot written before version 2 holds the
 /// producer state alone (its own version byte is 1), or nothing.
 #[derive(Debug, Default)]
-struct SnapshotState {
+pub struct SnapshotState {
     log_start_wanted: i64,
     producers: ProducerStates,
 }
+
+// The version byte tells the two layouts apart.
+const _: () = assert!(SnapshotState::VERSION != crate::producer_state::STATE_VERSION);
 
 impl SnapshotState {
     const VERSION: u8 = 2;
@@ -220,7 +222,9 @@ impl SnapshotState {
         out.freeze()
     }
 
-    fn decode(bytes: &[u8]) -> Result<SnapshotState, StateError> {
+    /// Reads what `encode` wrote, or an older snapshot's state; anything else is an error,
+    /// never a panic.
+    pub fn decode(bytes: &[u8]) -> Result<SnapshotState, StateError> {
         match bytes {
             [Self::VERSION, rest @ ..] => {
                 // `ProducerStates::encode` writes at least its header, never nothing.
@@ -228,8 +232,12 @@ impl SnapshotState {
                     .split_first_chunk::<8>()
                     .filter(|(_, producers)| !producers.is_empty())
                     .ok_or_else(|| StateError::new("truncated"))?;
+                let log_start_wanted = i64::from_be_bytes(*start);
+                if log_start_wanted < 0 {
+                    return Err(StateError::new("negative log start"));
+                }
                 Ok(SnapshotState {
-                    log_start_wanted: i64::from_be_bytes(*start),
+                    log_start_wanted,
                     producers: ProducerStates::decode(producers)?,
                 })
             }
@@ -241,6 +249,47 @@ impl SnapshotState {
     }
 }
 
+/// The log starts that applied log-start entries asked for.
+#[derive(Debug, Default)]
+struct AskedStarts {
+    /// The largest: reads see no offset below it.
+    wanted: i64,
+    /// Each rise of `wanted` as (the smallest end offset of a snapshot that covers its
+    /// cause, the start), oldest first.
+    rises: VecDeque<(i64, i64)>,
+}
+
+impl AskedStarts {
+    /// Takes a start asked for by an entry or a snapshot that a snapshot ending at `from` or
+    /// later covers (None: unknown, so no snapshot carries it); true if it rises.
+    fn raise(&mut self, from: Option<i64>, start: i64) -> bool {
+        if start <= self.wanted {
+            return false;
+        }
+        self.wanted = start;
+        if let Some(from) = from {
+            self.rises.push_back((from, start));
+        }
+        true
+    }
+
+    /// The start a snapshot ending at `next` carries: what the entries below `next` asked
+    /// for, as it carries the producer state as of `next` (a later entry is applied again
+    /// after it). So it is at most `next`, and a replica that installs the snapshot can move
+    /// its log start there at once. Forgets the rises a later one below `next` covers:
+    /// snapshots only move forward.
+    fn as_of(&mut self, next: i64) -> i64 {
+        while self.rises.get(1).is_some_and(|(from, _)| *from <= next) {
+            self.rises.pop_front();
+        }
+        self.rises
+            .front()
+            .filter(|(from, _)| *from <= next)
+            .map_or(0, |(_, start)| *start)
+    }
+}
+
+/// Where a replica sits: this node, the partition's replicas and their Raft addresses.
 pub struct Placement<'a, H: Host = Transport> {
     pub node_id: i32,
     pub replicas: &'a [i32],
@@ -262,8 +311,8 @@ pub struct Replica<H: Host = Transport> {
     /// Fetches waiting for the HW to move.
     hw_waiters: Rc<RefCell<Vec<futures::channel::oneshot::Sender<()>>>>,
     applied_producers: Rc<RefCell<ProducerStates>>,
-    /// The largest log start a committed log-start entry asked for (`propose_log_start`).
-    log_start_wanted: Rc<Cell<i64>>,
+    /// The log starts committed log-start entries asked for (`propose_log_start`).
+    log_start_wanted: Rc<RefCell<AskedStarts>>,
     /// The term whose start reset the leader's producer state.
     ready_term: Cell<Option<u64>>,
     /// Proposals not yet committed or failed.
@@ -319,7 +368,7 @@ impl<H: Host> Replica<H> {
         let hw = Rc::new(Cell::new(log.start_offset()));
         let hw_waiters: Rc<RefCell<Vec<futures::channel::oneshot::Sender<()>>>> = Rc::default();
         let applied_producers = Rc::new(RefCell::new(ProducerStates::default()));
-        let log_start_wanted = Rc::new(Cell::new(0));
+        let log_start_wanted: Rc<RefCell<AskedStarts>> = Rc::default();
         let hook = {
             let (view, hw, producers) = (view.clone(), hw.clone(), applied_producers.clone());
             let wanted = log_start_wanted.clone();
@@ -340,8 +389,8 @@ impl<H: Host> Replica<H> {
                         match SnapshotState::decode(&data.partition_state) {
                             Ok(state) => {
                                 *producers.borrow_mut() = state.producers;
-                                if state.log_start_wanted > wanted.get() {
-                                    wanted.set(state.log_start_wanted);
+                                let start = state.log_start_wanted;
+                                if wanted.borrow_mut().raise(Some(data.next_offset), start) {
                                     log_start_asked.notify_one();
                                 }
                             }
@@ -374,8 +423,7 @@ impl<H: Host> Replica<H> {
                 };
                 if header.is_control() {
                     if let Some(start) = entry::log_start_of(bytes) {
-                        if start > wanted.get() {
-                            wanted.set(start);
+                        if wanted.borrow_mut().raise(base.map(|b| b + 1), start) {
                             log_start_asked.notify_one();
                         }
                     }
@@ -389,17 +437,15 @@ impl<H: Host> Replica<H> {
         };
         let state_at: StateAt = {
             let producers = applied_producers.clone();
-            let wanted = log_start_wanted.clone();
+            let asked = log_start_wanted.clone();
             Box::new(move |next| {
                 let producers = match unfix::snapshots_without_producers() {
                     true => ProducerStates::default(),
                     false => producers.borrow().below(next),
                 };
-                // What the log-start entries applied so far asked for, even one past `next`:
-                // each is committed, and every replica that reads leads after applying it.
                 let log_start_wanted = match unfix::snapshots_without_log_start() {
                     true => 0,
-                    false => wanted.get(),
+                    false => asked.borrow_mut().as_of(next),
                 };
                 SnapshotState {
                     log_start_wanted,
@@ -488,7 +534,7 @@ impl<H: Host> Replica<H> {
                 .map_err(std::io::Error::other)?,
             None => None,
         };
-        let wanted = Some(self.log_start_wanted.get()).filter(|w| *w > log.start_offset());
+        let wanted = Some(self.log_start_wanted.borrow().wanted).filter(|w| *w > log.start_offset());
         let Some(start) = by_limits.max(wanted) else {
             return Ok(());
         };
@@ -573,7 +619,7 @@ impl<H: Host> Replica<H> {
     /// Whether a committed log-start entry asks this replica to start its log further on
     /// than it does (`apply_retention` acts on it).
     pub fn log_start_asked(&self, log: &Log<H::Fs>) -> bool {
-        self.log_start_wanted.get() > log.start_offset()
+        self.log_start_wanted.borrow().wanted > log.start_offset()
     }
 
     /// The log start that reads see: the log's own, or further on where a log-start entry
@@ -584,7 +630,7 @@ impl<H: Host> Replica<H> {
         let start = log.start_offset();
         match unfix::reads_below_asked_start() {
             true => start,
-            false => start.max(self.log_start_wanted.get()),
+            false => start.max(self.log_start_wanted.borrow().wanted),
         }
     }
 
@@ -593,7 +639,7 @@ impl<H: Host> Replica<H> {
     /// leader's own log starts there already (its retention may have moved it): another
     /// replica's log may start lower, and may lead next.
     pub fn log_start_proposed(&self, offset: i64) -> bool {
-        self.log_start_wanted.get() >= offset
+        self.log_start_wanted.borrow().wanted >= offset
     }
 
     /// Kafka's low watermark as a leader sees it: the lowest log start among this replica
@@ -1352,6 +1398,22 @@ pub mod unfix {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_snapshot_carries_the_log_start_asked_below_its_end() {
+        let mut asked = AskedStarts::default();
+        assert!(asked.raise(Some(11), 5)); // an entry at offset 10 asked for 5
+        assert!(!asked.raise(Some(21), 5), "no rise");
+        assert!(asked.raise(Some(31), 25)); // one at 30 asked for 25
+        assert!(asked.raise(None, 27), "a rise no snapshot can place");
+        assert_eq!(asked.wanted, 27);
+        assert_eq!(asked.as_of(10), 0, "below the first entry");
+        assert_eq!(asked.as_of(11), 5);
+        assert_eq!(asked.as_of(30), 5, "the entry at 30 is applied again after it");
+        assert_eq!(asked.as_of(31), 25);
+        assert_eq!(asked.rises.len(), 1, "the rise to 5 matters to no later snapshot");
+        assert_eq!(asked.as_of(1000), 25);
+    }
 
     #[test]
     fn snapshot_state_keeps_the_log_start_and_reads_older_snapshots() {

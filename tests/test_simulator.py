@@ -94,11 +94,11 @@ UNFIXED_REPLICA = {
     "producers": ("2", r"record \S+ applied at index \d+ and at \d+"),
     # A leader deposed without knowing it (cut off) refused a producer's next batch as out
     # of sequence, having not seen its successor's batches, instead of showing its lease.
-    "lease": ("120", r"refused: \S+ \(sequence \d+\) refused by node \d: .*out of order sequence"),
+    "lease": ("397", r"refused: \S+ \(sequence \d+\) refused by node \d: .*out of order sequence"),
     # Defect e: a leader cut off from its followers answered a consumer's fetch or
     # ListOffsets without a lease, with a HW below what clients had been shown committed
     # meanwhile.
-    "reads": ("5", r"stale read: node \d answered (a fetch with HW|the latest offset) \d+"),
+    "reads": ("10", r"stale read: node \d answered (a fetch with HW|the latest offset) \d+"),
 }
 
 

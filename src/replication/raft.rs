@@ -534,7 +534,8 @@ impl<H: Host> Replica<H> {
                 .map_err(std::io::Error::other)?,
             None => None,
         };
-        let wanted = Some(self.log_start_wanted.borrow().wanted).filter(|w| *w > log.start_offset());
+        let wanted =
+            Some(self.log_start_wanted.borrow().wanted).filter(|w| *w > log.start_offset());
         let Some(start) = by_limits.max(wanted) else {
             return Ok(());
         };
@@ -1409,9 +1410,17 @@ mod tests {
         assert_eq!(asked.wanted, 27);
         assert_eq!(asked.as_of(10), 0, "below the first entry");
         assert_eq!(asked.as_of(11), 5);
-        assert_eq!(asked.as_of(30), 5, "the entry at 30 is applied again after it");
+        assert_eq!(
+            asked.as_of(30),
+            5,
+            "the entry at 30 is applied again after it"
+        );
         assert_eq!(asked.as_of(31), 25);
-        assert_eq!(asked.rises.len(), 1, "the rise to 5 matters to no later snapshot");
+        assert_eq!(
+            asked.rises.len(),
+            1,
+            "the rise to 5 matters to no later snapshot"
+        );
         assert_eq!(asked.as_of(1000), 25);
     }
 
@@ -1448,7 +1457,10 @@ mod tests {
         // Damage is an error, never a panic.
         let encoded = state.encode();
         for cut in 1..encoded.len() {
-            assert!(SnapshotState::decode(&encoded[..cut]).is_err(), "cut at {cut}");
+            assert!(
+                SnapshotState::decode(&encoded[..cut]).is_err(),
+                "cut at {cut}"
+            );
         }
     }
 

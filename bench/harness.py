@@ -1150,6 +1150,7 @@ def rerender(out_dir):
     h.args, h.p, h.out_dir, h.raw_dir = args, r["profile"], out_dir, out_dir / "raw"
     h.runs, h.errors, h.settings, h.api_versions = r["runs"], [e for e in r["errors"] if e["workload"] != "plots"], r["settings"], r["api_versions"]
     h.hw, h.machine, h.kafka_max_rps, h.elapsed_s = r["hardware"], r["machine"], r["kafka_reference_rps"], r["elapsed_s"]
+    h.quiet_wait_s = r.get("quiet_wait_s", 0.0)
     h.bench_bin = BENCH_BIN
     return report.write(h, r["interrupted"])
 

@@ -448,7 +448,9 @@ def markdown(h, r, summary):
                 f"{fmt(x.get('catch_up_cold_mbps'))} | {fmt(x.get('catch_up_cold_pct_of_disk_read'))}% | "
                 f"{fmt(x['fixed_rate_50_p50_ms'])} | {fmt(x['fdatasync_p50_ms'])} | {fmt(x['fdatasync_p50_pct_of_produce_p50'])}% |")
         add("")
-        add("On a 2-core machine the load generator shares the CPU with the broker; loopback bandwidth is measured with "
+        shared = ("Pinned, the broker has one core of its own and the load generator the other" if r["pinned"]
+                  else "On a 2-core machine the load generator shares the CPU with the broker")
+        add(f"{shared}; loopback bandwidth is measured with "
             "nothing else running, so no broker can reach it while it also does its own work. A catch-up above 100% of "
             "the disk's read bandwidth was served from the page cache (Kafka writes through it; ferrolog writes with "
             "Direct I/O, so its first read of a backlog goes to the disk).")

@@ -26,9 +26,12 @@ HEADLINE = [
     ("Fan-out (3 consumers) end-to-end p99, worst consumer (ms)", "fan-out", None, "e2e_p99_ms_worst_consumer", False),
     ("Catch-up read throughput (MB/s)", "catch-up", None, "throughput_mbps", True),
     ("Catch-up broker CPU (CPU-s per GiB read)", "catch-up", None, "broker_cpu_s_per_gib", False),
+    ("  of which in the kernel (system calls) (CPU-s per GiB read)", "catch-up", None, "broker_kernel_cpu_s_per_gib", False),
     ("Catch-up, page cache dropped (MB/s)", "catch-up-cold", None, "throughput_mbps", True),
     ("Catch-up, page cache dropped: broker CPU (CPU-s per GiB read)", "catch-up-cold", None, "broker_cpu_s_per_gib", False),
+    ("  of which in the kernel (system calls) (CPU-s per GiB read)", "catch-up-cold", None, "broker_kernel_cpu_s_per_gib", False),
     ("Produce broker CPU at max throughput (CPU-s per GiB)", "max-throughput", None, "broker_cpu_s_per_gib", False),
+    ("  of which in the kernel (system calls) (CPU-s per GiB)", "max-throughput", None, "broker_kernel_cpu_s_per_gib", False),
     ("Same, with kernel threads (writeback, journal) (CPU-s per GiB)", "max-throughput", None, "broker_and_kernel_cpu_s_per_gib", False),
     ("Restart to first acked produce (ms)", "startup", None, "restart_to_ack_ms", False),
     ("Resident memory idle (MB)", "startup", None, "idle_rss_mb", False),
@@ -55,9 +58,8 @@ WORKLOAD_NOTES = {
     "fixed-rate": "Open-loop producers at 25/50/75% of Kafka's (default mode) median closed-loop max, plus one consumer "
                   "tailing the topic. Produce latency is measured from the intended send time; end-to-end latency is the "
                   "consumer's receive time minus the intended send time written in each record.",
-    "fan-out": "One open-loop producer stream read by 3 independent consumers. ferrolog has no consumer groups yet, so "
-               "these are assign-based consumers (each reads every partition itself, no group coordinator), for both "
-               "brokers alike.",
+    "fan-out": "One open-loop producer stream read by 3 independent consumers: assign-based consumers "
+               "(each reads every partition itself, no group coordinator), for both brokers alike.",
     "catch-up": "A backlog written first (closed loop), then read from the start by one consumer (Fetch: 50 MiB max, "
                 "1 MiB per partition, one fetch in flight). The page cache is left as the writes left it: Kafka reads "
                 "recent data from the page cache, ferrolog (Direct I/O) reads from the disk or its batch cache. "

@@ -71,6 +71,12 @@ def test_results_json_is_complete(quick_run):
         assert top[c] and top[c]["median"] > 0, c
     assert top["ferrolog_advantage_vs_kafka"] is not None
     assert top["ferrolog_advantage_vs_kafka-flush"] is not None
+    # Broker CPU per GiB is split: the kernel part is measured and within the whole.
+    for x in r["runs"]:
+        if x["workload"] in ("max-throughput", "catch-up", "catch-up-cold"):
+            m = x["metrics"]
+            assert m["broker_kernel_cpu_s_per_gib"] is not None, (x["workload"], x["config"])
+            assert 0 < m["broker_kernel_cpu_s_per_gib"] <= m["broker_cpu_s_per_gib"], (x["workload"], x["config"], m)
     # Kafka's JVM settings are recorded, as the report must state them.
     assert any("-Xmx1g" in a for a in r["settings"]["kafka"]["jvm_cmdline"])
 

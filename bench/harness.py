@@ -75,6 +75,8 @@ PROFILES = {
         "max_throughput": {"duration_s": 12, "warmup_s": 4, "ramp": [0.5, 0.75, 0.9, 1.0], "ramp_duration_s": 10, "ramp_warmup_s": 3},
         "fixed_rate": {"fractions": [0.25, 0.5, 0.75], "duration_s": 15, "warmup_s": 4},
         "fan_out": {"fraction": 0.25, "consumers": 3, "duration_s": 15, "warmup_s": 4},
+        "many_producers": {"producers": 50, "partitions": 100, "fraction": 0.5, "duration_s": 15, "warmup_s": 4},
+        "keyed": {"keys": 10000, "fraction": 0.5, "duration_s": 15, "warmup_s": 4},
         "catch_up": {"bytes": 2 << 30},
         "many_partitions": {"partitions": 10000, "rate": 2000, "duration_s": 20, "warmup_s": 5, "idle_s": 10, "settle_max_s": 240, "reps": 1},
         "replicated": {"partitions": 16, "duration_s": 15, "warmup_s": 4, "rate": 20000, "many_partitions": 3000, "many_rate": 2000,
@@ -91,6 +93,8 @@ PROFILES = {
         "max_throughput": {"duration_s": 3, "warmup_s": 1, "ramp": [0.5], "ramp_duration_s": 2, "ramp_warmup_s": 0.5},
         "fixed_rate": {"fractions": [0.25], "duration_s": 2, "warmup_s": 0.5},
         "fan_out": {"fraction": 0.1, "consumers": 3, "duration_s": 2, "warmup_s": 0.5},
+        "many_producers": {"producers": 10, "partitions": 20, "fraction": 0.1, "duration_s": 2, "warmup_s": 0.5},
+        "keyed": {"keys": 1000, "fraction": 0.1, "duration_s": 2, "warmup_s": 0.5},
         "catch_up": {"bytes": 32 << 20},
         "many_partitions": {"partitions": 50, "rate": 200, "duration_s": 2, "warmup_s": 0.5, "idle_s": 1, "settle_max_s": 20, "reps": 1},
         "replicated": {"partitions": 4, "duration_s": 2, "warmup_s": 0.5, "rate": 500, "many_partitions": 30, "many_rate": 200,
@@ -678,7 +682,8 @@ class Harness:
             b.wait_ready()
             if config not in self.settings:
                 self.settings[config] = b.settings()
-            for name, fn in (("fixed-rate", self.fixed_rate), ("fan-out", self.fan_out), ("catch-up", self.catch_up)):
+            for name, fn in (("fixed-rate", self.fixed_rate), ("fan-out", self.fan_out), ("many-producers", self.many_producers),
+                             ("keyed", self.keyed), ("catch-up", self.catch_up)):
                 # catch_up also runs catch-up-cold, on the same backlog.
                 names = {name, "catch-up-cold"} if name == "catch-up" else {name}
                 if not names & set(self.args.workloads):
@@ -742,6 +747,37 @@ class Harness:
             "e2e_p999_ms_worst_consumer": ms(t["e2e_p999_us_max"]), "e2e_max_ms": ms(t["e2e_max_us"]),
             "all_consumers_got_everything": all(c["records"] >= produced for c in d["consumers"]) and t["reached_end"],
             **s.figures(cpu)}, raw)
+
+    def open_loop(self, b, config, rep, workload, q, args):
+        """One open-loop produce run at `q["fraction"]` of Kafka's max with the record size of
+        the profile and `args` (producers, partitions, partitioner); produce latency only."""
+        rate = q["fraction"] * self.reference_rps()
+        label = f"{workload}-{config}-r{rep}"
+        with Sampler(b.pid) as s:
+            d, cpu, raw = self.bench(b, label, [
+                "--record-bytes", self.p["record_bytes"], *args, "--rate", round(rate),
+                "--duration-s", q["duration_s"], "--warmup-s", q["warmup_s"]], q["duration_s"] + 90)
+        r = d["produce"]
+        self.check_produce(r, label)
+        self.record(2, config, rep, workload, {
+            "target_mbps": round(r["target_mbps"], 2), "throughput_mbps": round(r["throughput_mbps"], 2),
+            **latency_ms(r["latency"]), "saturated": r["saturated"],
+            "mean_batch_records": round(r["mean_batch_records"], 1), **s.figures(cpu)}, raw)
+
+    def many_producers(self, b, config, rep):
+        """Many producer connections over many partitions (public critiques of thread-per-core
+        brokers used 50 producers over 100 partitions)."""
+        q = self.p["many_producers"]
+        self.open_loop(b, config, rep, "many-producers", q, [
+            "--topic", "manyproducers", "--create-partitions", q["partitions"], "--producers", q["producers"]])
+
+    def keyed(self, b, config, rep):
+        """Keyed records placed by the Java client's default partitioner (murmur2 of the key):
+        records scatter over every partition, so batches are small and many."""
+        q = self.p["keyed"]
+        self.open_loop(b, config, rep, "keyed", q, [
+            "--topic", "keyed", "--create-partitions", self.p["partitions"], "--producers", self.p["producers"],
+            "--partitioner", "keyed", "--keys", q["keys"]])
 
     def catch_up(self, b, config, rep):
         """A backlog written, then read from the start: as the writes left the page cache
@@ -1032,7 +1068,7 @@ class Harness:
         self.kafka_max_rps = self.median_metric("max-throughput", "throughput_rps", "kafka") \
             or self.median_metric("max-throughput", "throughput_rps", None) or 10_000
         log(f"fixed rates are fractions of {self.kafka_max_rps:.0f} records/s")
-        if wl & {"fixed-rate", "fan-out", "catch-up", "catch-up-cold"}:
+        if wl & {"fixed-rate", "fan-out", "many-producers", "keyed", "catch-up", "catch-up-cold"}:
             for rep in range(reps):
                 for c in self.order(rep):
                     log(f"phase 2 rep {rep + 1}/{reps}: {c}")
@@ -1069,7 +1105,7 @@ def latency_ms(lat):
 
 def cpu_per_gib(cpu_s, bytes_in_window, duration_s, window_s):
     """Broker CPU over the whole run scaled to the bytes of the whole run, per GiB."""
-    if not cpu_s or not bytes_in_window or not window_s:
+    if cpu_s is None or not bytes_in_window or not window_s:
         return None
     total_bytes = bytes_in_window * duration_s / window_s
     return round(cpu_s / (total_bytes / 2**30), 3)
@@ -1175,7 +1211,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one repetition: a smoke test of the harness (a few minutes)")
     ap.add_argument("--reps", type=int, help="repetitions (default 3, quick 1)")
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {','.join(CONFIGS)}")
-    ap.add_argument("--workloads", default="startup,max-throughput,fixed-rate,fan-out,catch-up,catch-up-cold,many-partitions,replicated")
+    ap.add_argument("--workloads", default="startup,max-throughput,fixed-rate,fan-out,many-producers,keyed,catch-up,catch-up-cold,"
+                                           "many-partitions,replicated")
     ap.add_argument("--no-cross-check", action="store_true", help="skip Kafka's ProducerPerformance/ConsumerPerformance")
     ap.add_argument("--ferrolog-cores", type=int, help="ferrolog --cores (default: all cores; 1 with --pinned)")
     ap.add_argument("--pinned", action="store_true",

@@ -24,6 +24,8 @@ HEADLINE = [
     ("Produce p99.9 at 50% of Kafka's max (ms)", "fixed-rate", 0.5, "p999_ms", False),
     ("End-to-end p99 at 50% of Kafka's max (ms)", "fixed-rate", 0.5, "e2e_p99_ms", False),
     ("Fan-out (3 consumers) end-to-end p99, worst consumer (ms)", "fan-out", None, "e2e_p99_ms_worst_consumer", False),
+    ("50 producers over 100 partitions: produce p99 at 50% of Kafka's max (ms)", "many-producers", None, "p99_ms", False),
+    ("Keyed records (murmur2): produce p99 at 50% of Kafka's max (ms)", "keyed", None, "p99_ms", False),
     ("Catch-up read throughput (MB/s)", "catch-up", None, "throughput_mbps", True),
     ("Catch-up broker CPU (CPU-s per GiB read)", "catch-up", None, "broker_cpu_s_per_gib", False),
     ("  of which in the kernel (system calls) (CPU-s per GiB read)", "catch-up", None, "broker_kernel_cpu_s_per_gib", False),
@@ -60,6 +62,12 @@ WORKLOAD_NOTES = {
                   "consumer's receive time minus the intended send time written in each record.",
     "fan-out": "One open-loop producer stream read by 3 independent consumers: assign-based consumers "
                "(each reads every partition itself, no group coordinator), for both brokers alike.",
+    "many-producers": "50 producer connections over a topic of 100 partitions (2 partitions each), open loop at 50% of "
+                      "Kafka's max in all, 1 KiB records, acks=all, batch 128 KiB, linger 5 ms; produce latency only. "
+                      "The shape of public critiques of thread-per-core brokers: many connections, small batches.",
+    "keyed": "Records with keys (10,000 distinct, drawn at random), each sent to the partition the Java client's "
+             "default partitioner picks (murmur2 of the key, modulo 16 partitions), open loop at 50% of Kafka's max, "
+             "2 producer connections: every partition gets records all the time, so batches stay small. Produce latency only.",
     "catch-up": "A backlog written first (closed loop), then read from the start by one consumer (Fetch: 50 MiB max, "
                 "1 MiB per partition, one fetch in flight). The page cache is left as the writes left it: Kafka reads "
                 "recent data from the page cache, ferrolog (Direct I/O) reads from the disk or its batch cache. "
@@ -461,7 +469,8 @@ def markdown(h, r, summary):
     add("")
     add("## Workloads")
     for w, title in (("startup", "startup"), ("max-throughput", "max-throughput"), ("max-throughput-ramp", "max-throughput: open-loop ramp"),
-                     ("fixed-rate", "fixed-rate"), ("fan-out", "fan-out"), ("catch-up", "catch-up"), ("catch-up-cold", "catch-up, page cache dropped"),
+                     ("fixed-rate", "fixed-rate"), ("fan-out", "fan-out"), ("many-producers", "many-producers"), ("keyed", "keyed"),
+                     ("catch-up", "catch-up"), ("catch-up-cold", "catch-up, page cache dropped"),
                      ("many-partitions", "many-partitions"),
                      ("replicated-throughput", "replicated: throughput"), ("replicated-fixed-rate", "replicated: fixed rate"),
                      ("replicated-many-partitions", "replicated: many partitions")):

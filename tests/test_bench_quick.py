@@ -21,7 +21,7 @@ from support import REPO_ROOT
 QUICK_TIMEOUT_S = 720
 
 WORKLOADS = ["startup", "max-throughput", "max-throughput-ramp", "max-throughput-sustainable",
-             "fixed-rate", "fan-out", "catch-up", "catch-up-cold", "many-partitions", "cross-check",
+             "fixed-rate", "fan-out", "many-producers", "keyed", "catch-up", "catch-up-cold", "many-partitions", "cross-check",
              "replicated-throughput", "replicated-fixed-rate", "replicated-many-partitions"]
 CONFIGS = ["ferrolog", "kafka", "kafka-flush"]
 
@@ -76,7 +76,8 @@ def test_results_json_is_complete(quick_run):
         if x["workload"] in ("max-throughput", "catch-up", "catch-up-cold"):
             m = x["metrics"]
             assert m["broker_kernel_cpu_s_per_gib"] is not None, (x["workload"], x["config"])
-            assert 0 < m["broker_kernel_cpu_s_per_gib"] <= m["broker_cpu_s_per_gib"], (x["workload"], x["config"], m)
+            # (A quick run's read can take under one clock tick of kernel time.)
+            assert 0 <= m["broker_kernel_cpu_s_per_gib"] <= m["broker_cpu_s_per_gib"], (x["workload"], x["config"], m)
     # Kafka's JVM settings are recorded, as the report must state them.
     assert any("-Xmx1g" in a for a in r["settings"]["kafka"]["jvm_cmdline"])
 
@@ -84,7 +85,7 @@ def test_results_json_is_complete(quick_run):
 def test_report_is_well_formed(quick_run):
     _, out = quick_run
     md = (out / "report.md").read_text()
-    for heading in ("## Headline", "## Hardware limits", "### startup", "### max-throughput", "### fixed-rate", "### fan-out",
+    for heading in ("## Headline", "## Hardware limits", "### startup", "### max-throughput", "### fixed-rate", "### fan-out", "### many-producers", "### keyed",
                     "### catch-up", "### catch-up, page cache dropped", "### many-partitions", "### replicated: throughput",
                     "### replicated: many partitions", "## Cross-check", "## Plots", "## Configuration"):
         assert heading in md, heading

@@ -46,14 +46,21 @@ impl BatchBuilder {
         self.buf.len()
     }
 
-    /// Size a record with a `value_len`-byte value and no key adds to the batch (upper bound).
-    pub fn record_bytes_max(value_len: usize) -> usize {
-        value_len + 5 + 1 + 10 + 5 + 1 + 5 + 1
+    /// Size a record with a `value_len`-byte value and a key of at most `key_len` bytes
+    /// adds to the batch (upper bound).
+    pub fn record_bytes_max(value_len: usize, key_len: usize) -> usize {
+        value_len + key_len + 5 + 1 + 10 + 5 + 5 + 5 + 1
     }
 
-    /// Appends a record without key or headers whose value is `PAYLOAD_HEADER_BYTES` of
-    /// header (the timestamp and marker) followed by `filler`.
-    pub fn append(&mut self, timestamp_ms: i64, send_time_unix_us: u64, filler: &[u8]) {
+    /// Appends a record without headers, with `key` (null if `None`) and a value that is
+    /// `PAYLOAD_HEADER_BYTES` of header (the timestamp and marker) followed by `filler`.
+    pub fn append(
+        &mut self,
+        timestamp_ms: i64,
+        send_time_unix_us: u64,
+        key: Option<&[u8]>,
+        filler: &[u8],
+    ) {
         if self.count == 0 {
             self.base_timestamp_ms = timestamp_ms;
         }
@@ -61,10 +68,12 @@ impl BatchBuilder {
         let value_len = PAYLOAD_HEADER_BYTES + filler.len();
         let timestamp_delta = timestamp_ms - self.base_timestamp_ms;
         let offset_delta = self.count as i64;
+        let key_len = key.map_or(-1, |k| k.len() as i64);
         let body_len = 1
             + varlong_len(timestamp_delta)
             + varlong_len(offset_delta)
-            + varlong_len(-1)
+            + varlong_len(key_len)
+            + key.map_or(0, <[u8]>::len)
             + varlong_len(value_len as i64)
             + value_len
             + varlong_len(0);
@@ -72,7 +81,10 @@ impl BatchBuilder {
         self.buf.put_i8(0);
         put_varlong(&mut self.buf, timestamp_delta);
         put_varlong(&mut self.buf, offset_delta);
-        put_varlong(&mut self.buf, -1);
+        put_varlong(&mut self.buf, key_len);
+        if let Some(key) = key {
+            self.buf.put_slice(key);
+        }
         put_varlong(&mut self.buf, value_len as i64);
         self.buf.put_u64(send_time_unix_us);
         self.buf.put_slice(PAYLOAD_MARKER);
@@ -262,7 +274,9 @@ mod tests {
         let filler = vec![7u8; 100];
         let mut b = BatchBuilder::new(4096);
         for i in 0..10 {
-            b.append(1_700_000_000_000 + i, 1_000_000 + i as u64, &filler);
+            let key = format!("key-{i}");
+            let key = (i % 2 == 0).then_some(key.as_bytes());
+            b.append(1_700_000_000_000 + i, 1_000_000 + i as u64, key, &filler);
         }
         let batch = b.finish();
         let mut times = Vec::new();
@@ -281,7 +295,7 @@ mod tests {
     #[test]
     fn crc_catches_a_flipped_byte() {
         let mut b = BatchBuilder::new(1024);
-        b.append(1, 2, &[1, 2, 3]);
+        b.append(1, 2, None, &[1, 2, 3]);
         let mut bytes = b.finish().to_vec();
         let last = bytes.len() - 2;
         bytes[last] ^= 1;

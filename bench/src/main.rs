@@ -50,7 +50,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Produce and/or consume against one topic; prints (or writes) JSON results.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Create a topic (an existing one with the same partition count is fine).
     CreateTopic {
         #[arg(long, default_value = "127.0.0.1:9092")]
@@ -161,6 +161,9 @@ struct RunArgs {
     request_bytes_max: usize,
     #[arg(long, value_enum, default_value_t = Partitioner::Sticky)]
     partitioner: Partitioner,
+    /// Distinct keys with `--partitioner keyed`.
+    #[arg(long, default_value_t = 10_000)]
+    keys: usize,
     #[arg(long, default_value_t = 10.0)]
     drain_timeout_s: f64,
     /// Stop producing after this many records in total (0 = no cap; --duration-s still
@@ -235,7 +238,7 @@ fn main() {
 
 fn real_main() -> Result<()> {
     match Cli::parse().command {
-        Command::Run(a) => run(a),
+        Command::Run(a) => run(*a),
         Command::CreateTopic {
             bootstrap,
             topic,
@@ -395,6 +398,7 @@ fn run(a: RunArgs) -> Result<()> {
         buffer_bytes: a.buffer_bytes,
         request_bytes_max: a.request_bytes_max,
         partitioner: a.partitioner,
+        keys: a.keys,
         records_max: a.records,
         drain_timeout: Duration::from_secs_f64(a.drain_timeout_s),
     });
@@ -595,7 +599,7 @@ fn startup_probe(
             }
             let mut b = batch::BatchBuilder::new(1024);
             let now_us = unix_now().as_micros() as u64;
-            b.append((now_us / 1000) as i64, now_us, &[0u8; 100]);
+            b.append((now_us / 1000) as i64, now_us, None, &[0u8; 100]);
             let req = ProduceRequest::default()
                 .with_acks(-1)
                 .with_timeout_ms(5_000)

@@ -13,7 +13,7 @@
 //! Batching follows Kafka's producer: records go into one open batch per partition;
 //! a batch is closed when the next record would make it exceed `batch_bytes` or when it
 //! has been open for `linger`; the sticky partitioner then moves on to the next
-//! partition. A sender drains closed batches (at most one per partition, like Kafka's
+//! partition (keyed records go where murmur2 of their key puts them, as in the Java client). A sender drains closed batches (at most one per partition, like Kafka's
 //! `RecordAccumulator.drain`) into Produce requests of at most `request_bytes_max`, with
 //! at most `max_in_flight` unanswered requests on the connection. `buffer_bytes` bounds
 //! the records waiting in the producer (Kafka's `buffer.memory`): when full, generation
@@ -48,6 +48,47 @@ pub enum Partitioner {
     Sticky,
     /// One record per partition in turn: every partition gets traffic, batches stay small.
     RoundRobin,
+    /// Each record carries a key drawn at random from `--keys` distinct keys and goes to
+    /// the partition the Java client's default partitioner picks for it (murmur2 of the
+    /// key, modulo the topic's partitions): every partition gets traffic, as with keyed
+    /// records in production.
+    Keyed,
+}
+
+/// Kafka's murmur2 hash of a key (`Utils.murmur2` in the Java client; seed 0x9747b28c).
+pub fn murmur2(data: &[u8]) -> i32 {
+    const M: u32 = 0x5bd1_e995;
+    const SEED: u32 = 0x9747_b28c;
+    let mut h = SEED ^ data.len() as u32;
+    let mut chunks = data.chunks_exact(4);
+    for c in &mut chunks {
+        let mut k = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> 24;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M) ^ k;
+    }
+    let tail = chunks.remainder();
+    if !tail.is_empty() {
+        for (i, &b) in tail.iter().enumerate() {
+            h ^= u32::from(b) << (8 * i);
+        }
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^= h >> 15;
+    h as i32
+}
+
+/// The partition the Java client's default partitioner gives a keyed record.
+pub fn partition_for_key(key: &[u8], partitions: usize) -> i32 {
+    ((murmur2(key) & 0x7fff_ffff) as usize % partitions) as i32
+}
+
+/// The keys `Partitioner::Keyed` draws from: `key-0` .. `key-{n-1}`.
+fn key(n: usize) -> Vec<u8> {
+    format!("key-{n}").into_bytes()
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -68,6 +109,8 @@ pub struct ProduceOpts {
     pub buffer_bytes: usize,
     pub request_bytes_max: usize,
     pub partitioner: Partitioner,
+    /// Distinct keys of `Partitioner::Keyed`.
+    pub keys: usize,
     /// Stop after this many records in total (0 = no cap; `duration` still bounds the run).
     pub records_max: u64,
     /// How long after `duration` the producers may take to send and get acknowledged the
@@ -176,12 +219,33 @@ pub fn run(
         }
     }
     let producers = shares.len();
+    // Keyed: each producer draws from the keys whose partition it owns (its slot for each).
+    let topic_partitions: usize = leaders.values().map(Vec::len).sum();
+    let mut keys_of: Vec<Vec<(usize, Vec<u8>)>> = vec![Vec::new(); producers];
+    if opts.partitioner == Partitioner::Keyed {
+        for n in 0..opts.keys {
+            let k = key(n);
+            let p = partition_for_key(&k, topic_partitions);
+            let owner = shares
+                .iter()
+                .enumerate()
+                .find_map(|(j, (_, mine))| mine.iter().position(|&q| q == p).map(|slot| (j, slot)));
+            let (j, slot) = owner.with_context(|| format!("no producer owns partition {p}"))?;
+            keys_of[j].push((slot, k));
+        }
+        if let Some(j) = keys_of.iter().position(Vec::is_empty) {
+            anyhow::bail!(
+                "--keys {} leave producer {j} without a key: use more keys or fewer producers",
+                opts.keys
+            );
+        }
+    }
     let filler: Arc<Vec<u8>> = Arc::new(filler_bytes(
         opts.record_bytes.saturating_sub(PAYLOAD_HEADER_BYTES),
     ));
     // Every thread waits here so that connection set-up is not charged to the first records.
     let mut handles = Vec::new();
-    for (j, (conn, mine)) in shares.into_iter().enumerate() {
+    for ((j, (conn, mine)), keys) in shares.into_iter().enumerate().zip(keys_of) {
         let opts = opts.clone();
         let live = live.clone();
         let filler = filler.clone();
@@ -194,6 +258,7 @@ pub fn run(
                         producers,
                         conn,
                         mine,
+                        &keys,
                         &opts,
                         start,
                         start_unix_us,
@@ -302,6 +367,7 @@ fn producer(
     producers: usize,
     conn: Conn,
     partitions: Vec<i32>,
+    keys: &[(usize, Vec<u8>)],
     opts: &ProduceOpts,
     start: Instant,
     start_unix_us: u64,
@@ -322,6 +388,7 @@ fn producer(
             producers,
             conn,
             &partitions,
+            keys,
             opts,
             start,
             start_unix_us,
@@ -343,6 +410,7 @@ fn write_requests(
     producers: usize,
     mut conn: Conn,
     partitions: &[i32],
+    keys: &[(usize, Vec<u8>)],
     opts: &ProduceOpts,
     start: Instant,
     start_unix_us: u64,
@@ -358,7 +426,10 @@ fn write_requests(
     let interval_ns = if rate > 0.0 { 1e9 / rate } else { 0.0 };
     // Producers start out of phase so that their records interleave evenly.
     let phase_ns = interval_ns * index as f64 / producers as f64;
-    let record_bytes_max = BatchBuilder::record_bytes_max(opts.record_bytes);
+    let key_bytes_max = keys.iter().map(|(_, k)| k.len()).max().unwrap_or(0);
+    let record_bytes_max = BatchBuilder::record_bytes_max(opts.record_bytes, key_bytes_max);
+    // Keyed records draw their keys from a generator of their own per producer.
+    let mut random = 0x9e37_79b9_7f4a_7c15_u64.wrapping_mul(index as u64 + 1) | 1;
     let topic = TopicName(StrBytes::from_string(opts.topic.clone()));
 
     // Each producer stops generating after its share of `records_max` (0 = no cap).
@@ -391,9 +462,17 @@ fn write_requests(
             if intended_ns > now_ns || acc.buffered_bytes + record_bytes_max > opts.buffer_bytes {
                 break;
             }
-            let slot = match opts.partitioner {
-                Partitioner::Sticky => acc.sticky,
-                Partitioner::RoundRobin => (next_k as usize) % partitions.len(),
+            let (slot, key) = match opts.partitioner {
+                Partitioner::Sticky => (acc.sticky, None),
+                Partitioner::RoundRobin => ((next_k as usize) % partitions.len(), None),
+                Partitioner::Keyed => {
+                    // xorshift64
+                    random ^= random << 13;
+                    random ^= random >> 7;
+                    random ^= random << 17;
+                    let (slot, key) = &keys[(random % keys.len() as u64) as usize];
+                    (*slot, Some(&key[..]))
+                }
             };
             if acc.open[slot]
                 .as_ref()
@@ -405,7 +484,7 @@ fn write_requests(
                 }
             }
             let send_unix_us = start_unix_us + intended_ns / 1000;
-            acc.append(slot, now, intended_ns, send_unix_us, filler);
+            acc.append(slot, now, intended_ns, send_unix_us, key, filler);
             if intended_ns >= warmup_ns {
                 intended_in_window += 1;
             }
@@ -580,6 +659,7 @@ impl<'a> Accumulator<'a> {
         now: Instant,
         intended_ns: u64,
         send_unix_us: u64,
+        key: Option<&[u8]>,
         filler: &[u8],
     ) {
         if self.open[slot].is_none() {
@@ -596,7 +676,7 @@ impl<'a> Accumulator<'a> {
         let o = self.open[slot].as_mut().expect("open batch");
         let before = o.builder.bytes();
         o.builder
-            .append((send_unix_us / 1000) as i64, send_unix_us, filler);
+            .append((send_unix_us / 1000) as i64, send_unix_us, key, filler);
         self.buffered_bytes += o.builder.bytes() - before;
         o.intended_ns.push(intended_ns);
     }
@@ -768,4 +848,33 @@ fn read_responses(
         in_flight.changed.notify_all();
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The values the Java client's `Utils.murmur2` gives (kafka-python agrees).
+    #[test]
+    fn murmur2_matches_the_java_client() {
+        for (key, want) in [
+            (&b"21"[..], -973_932_308),
+            (b"foobar", -790_332_482),
+            (b"a-little-bit-long-string", -985_981_536),
+            (b"a-little-bit-longer-string", -1_486_304_829),
+            (
+                b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8",
+                -58_897_971,
+            ),
+            (b"abc", 479_470_107),
+            (b"key-0", 29_210_041),
+            (b"key-12345", -952_703_915),
+        ] {
+            assert_eq!(murmur2(key), want, "{}", String::from_utf8_lossy(key));
+        }
+        assert_eq!(
+            partition_for_key(b"key-12345", 16),
+            (-952_703_915i32 & 0x7fff_ffff) % 16
+        );
+    }
 }

@@ -77,6 +77,7 @@ PROFILES = {
         "fan_out": {"fraction": 0.25, "consumers": 3, "duration_s": 15, "warmup_s": 4},
         "many_producers": {"producers": 50, "partitions": 100, "fraction": 0.5, "duration_s": 15, "warmup_s": 4},
         "keyed": {"keys": 10000, "fraction": 0.5, "duration_s": 15, "warmup_s": 4},
+        "drain": {"bytes": 2 << 30, "fraction": 0.5, "duration_s": 15, "warmup_s": 1},
         "catch_up": {"bytes": 2 << 30},
         "many_partitions": {"partitions": 10000, "rate": 2000, "duration_s": 20, "warmup_s": 5, "idle_s": 10, "settle_max_s": 240, "reps": 1},
         "replicated": {"partitions": 16, "duration_s": 15, "warmup_s": 4, "rate": 20000, "many_partitions": 3000, "many_rate": 2000,
@@ -95,6 +96,7 @@ PROFILES = {
         "fan_out": {"fraction": 0.1, "consumers": 3, "duration_s": 2, "warmup_s": 0.5},
         "many_producers": {"producers": 10, "partitions": 20, "fraction": 0.1, "duration_s": 2, "warmup_s": 0.5},
         "keyed": {"keys": 1000, "fraction": 0.1, "duration_s": 2, "warmup_s": 0.5},
+        "drain": {"bytes": 32 << 20, "fraction": 0.1, "duration_s": 2, "warmup_s": 0.5},
         "catch_up": {"bytes": 32 << 20},
         "many_partitions": {"partitions": 50, "rate": 200, "duration_s": 2, "warmup_s": 0.5, "idle_s": 1, "settle_max_s": 20, "reps": 1},
         "replicated": {"partitions": 4, "duration_s": 2, "warmup_s": 0.5, "rate": 500, "many_partitions": 30, "many_rate": 200,
@@ -683,7 +685,7 @@ class Harness:
             if config not in self.settings:
                 self.settings[config] = b.settings()
             for name, fn in (("fixed-rate", self.fixed_rate), ("fan-out", self.fan_out), ("many-producers", self.many_producers),
-                             ("keyed", self.keyed), ("catch-up", self.catch_up)):
+                             ("keyed", self.keyed), ("drain-while-producing", self.drain_while_producing), ("catch-up", self.catch_up)):
                 # catch_up also runs catch-up-cold, on the same backlog.
                 names = {name, "catch-up-cold"} if name == "catch-up" else {name}
                 if not names & set(self.args.workloads):
@@ -778,6 +780,34 @@ class Harness:
         self.open_loop(b, config, rep, "keyed", q, [
             "--topic", "keyed", "--create-partitions", self.p["partitions"], "--producers", self.p["producers"],
             "--partitioner", "keyed", "--keys", q["keys"]])
+
+    def drain_while_producing(self, b, config, rep):
+        """A backlog just written, read from the start by one consumer while producers write
+        on at a fraction of Kafka's max: how fast the backlog drains, and what the drain costs
+        the producers' latency."""
+        q = self.p["drain"]
+        records = q["bytes"] // self.p["record_bytes"]
+        label = f"drain-backlog-{config}-r{rep}"
+        d, _, _ = self.bench(b, label, [
+            "--topic", "drain", "--create-partitions", self.p["partitions"], *self.common_produce_args(),
+            "--rate", 0, "--records", records, "--duration-s", 1800, "--warmup-s", 0], 1900)
+        self.check_produce(d["produce"], label)
+        time.sleep(1)
+        label = f"drain-while-producing-{config}-r{rep}"
+        with Sampler(b.pid) as s:
+            d, cpu, raw = self.bench(b, label, [
+                "--topic", "drain", *self.common_produce_args(), "--rate", round(q["fraction"] * self.reference_rps()),
+                "--duration-s", q["duration_s"], "--warmup-s", q["warmup_s"],
+                "--consumers", 1, "--consume-from", "earliest", "--no-parse-records", "--consume-timeout-s", 900], 1000)
+        r, c = d["produce"], d["consumers"][0]
+        self.check_produce(r, label)
+        if not c["reached_end"]:
+            raise RuntimeError(f"{label}: the consumer did not reach the end of the backlog ({c['records']} of {records} records)")
+        self.record(2, config, rep, "drain-while-producing", {
+            "backlog_gib": round(c["batch_bytes"] / 2**30, 3), "drain_mbps": round(c["throughput_mbps"], 2),
+            "drain_s": round(c["elapsed_s"], 2), "target_mbps": round(r["target_mbps"], 2),
+            "throughput_mbps": round(r["throughput_mbps"], 2), **latency_ms(r["latency"]), "saturated": r["saturated"],
+            **s.figures(cpu)}, raw)
 
     def catch_up(self, b, config, rep):
         """A backlog written, then read from the start: as the writes left the page cache
@@ -1068,7 +1098,7 @@ class Harness:
         self.kafka_max_rps = self.median_metric("max-throughput", "throughput_rps", "kafka") \
             or self.median_metric("max-throughput", "throughput_rps", None) or 10_000
         log(f"fixed rates are fractions of {self.kafka_max_rps:.0f} records/s")
-        if wl & {"fixed-rate", "fan-out", "many-producers", "keyed", "catch-up", "catch-up-cold"}:
+        if wl & {"fixed-rate", "fan-out", "many-producers", "keyed", "drain-while-producing", "catch-up", "catch-up-cold"}:
             for rep in range(reps):
                 for c in self.order(rep):
                     log(f"phase 2 rep {rep + 1}/{reps}: {c}")
@@ -1211,8 +1241,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one repetition: a smoke test of the harness (a few minutes)")
     ap.add_argument("--reps", type=int, help="repetitions (default 3, quick 1)")
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {','.join(CONFIGS)}")
-    ap.add_argument("--workloads", default="startup,max-throughput,fixed-rate,fan-out,many-producers,keyed,catch-up,catch-up-cold,"
-                                           "many-partitions,replicated")
+    ap.add_argument("--workloads", default="startup,max-throughput,fixed-rate,fan-out,many-producers,keyed,drain-while-producing,"
+                                           "catch-up,catch-up-cold,many-partitions,replicated")
     ap.add_argument("--no-cross-check", action="store_true", help="skip Kafka's ProducerPerformance/ConsumerPerformance")
     ap.add_argument("--ferrolog-cores", type=int, help="ferrolog --cores (default: all cores; 1 with --pinned)")
     ap.add_argument("--pinned", action="store_true",

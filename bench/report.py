@@ -26,6 +26,8 @@ HEADLINE = [
     ("Fan-out (3 consumers) end-to-end p99, worst consumer (ms)", "fan-out", None, "e2e_p99_ms_worst_consumer", False),
     ("50 producers over 100 partitions: produce p99 at 50% of Kafka's max (ms)", "many-producers", None, "p99_ms", False),
     ("Keyed records (murmur2): produce p99 at 50% of Kafka's max (ms)", "keyed", None, "p99_ms", False),
+    ("Drain of a 2 GiB backlog while producing at 50% of Kafka's max (MB/s read)", "drain-while-producing", None, "drain_mbps", True),
+    ("Produce p99 during that drain (ms)", "drain-while-producing", None, "p99_ms", False),
     ("Catch-up read throughput (MB/s)", "catch-up", None, "throughput_mbps", True),
     ("Catch-up broker CPU (CPU-s per GiB read)", "catch-up", None, "broker_cpu_s_per_gib", False),
     ("  of which in the kernel (system calls) (CPU-s per GiB read)", "catch-up", None, "broker_kernel_cpu_s_per_gib", False),
@@ -68,6 +70,11 @@ WORKLOAD_NOTES = {
     "keyed": "Records with keys (10,000 distinct, drawn at random), each sent to the partition the Java client's "
              "default partitioner picks (murmur2 of the key, modulo 16 partitions), open loop at 50% of Kafka's max, "
              "2 producer connections: every partition gets records all the time, so batches stay small. Produce latency only.",
+    "drain-while-producing": "A 2 GiB backlog written first (closed loop, topic `drain`), then read from the start by one "
+                             "consumer while 2 producer connections write on to the same topic, open loop at 50% of Kafka's "
+                             "max for 15 s: drain = the backlog's bytes over the time the consumer took to reach the end "
+                             "offsets it saw when it started; produce latency over the whole 15 s (the first second "
+                             "excluded), so its p99 lands in the drain when the drain takes more than a tenth of the run.",
     "catch-up": "A backlog written first (closed loop), then read from the start by one consumer (Fetch: 50 MiB max, "
                 "1 MiB per partition, one fetch in flight). The page cache is left as the writes left it: Kafka reads "
                 "recent data from the page cache, ferrolog (Direct I/O) reads from the disk or its batch cache. "
@@ -470,6 +477,7 @@ def markdown(h, r, summary):
     add("## Workloads")
     for w, title in (("startup", "startup"), ("max-throughput", "max-throughput"), ("max-throughput-ramp", "max-throughput: open-loop ramp"),
                      ("fixed-rate", "fixed-rate"), ("fan-out", "fan-out"), ("many-producers", "many-producers"), ("keyed", "keyed"),
+                     ("drain-while-producing", "drain-while-producing"),
                      ("catch-up", "catch-up"), ("catch-up-cold", "catch-up, page cache dropped"),
                      ("many-partitions", "many-partitions"),
                      ("replicated-throughput", "replicated: throughput"), ("replicated-fixed-rate", "replicated: fixed rate"),

@@ -21,7 +21,7 @@ from support import REPO_ROOT
 QUICK_TIMEOUT_S = 720
 
 WORKLOADS = ["startup", "max-throughput", "max-throughput-ramp", "max-throughput-sustainable",
-             "fixed-rate", "fan-out", "many-producers", "keyed", "catch-up", "catch-up-cold", "many-partitions", "cross-check",
+             "fixed-rate", "fan-out", "many-producers", "keyed", "drain-while-producing", "catch-up", "catch-up-cold", "many-partitions", "cross-check",
              "replicated-throughput", "replicated-fixed-rate", "replicated-many-partitions"]
 CONFIGS = ["ferrolog", "kafka", "kafka-flush"]
 
@@ -85,7 +85,7 @@ def test_results_json_is_complete(quick_run):
 def test_report_is_well_formed(quick_run):
     _, out = quick_run
     md = (out / "report.md").read_text()
-    for heading in ("## Headline", "## Hardware limits", "### startup", "### max-throughput", "### fixed-rate", "### fan-out", "### many-producers", "### keyed",
+    for heading in ("## Headline", "## Hardware limits", "### startup", "### max-throughput", "### fixed-rate", "### fan-out", "### many-producers", "### keyed", "### drain-while-producing",
                     "### catch-up", "### catch-up, page cache dropped", "### many-partitions", "### replicated: throughput",
                     "### replicated: many partitions", "## Cross-check", "## Plots", "## Configuration"):
         assert heading in md, heading

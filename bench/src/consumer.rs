@@ -1,6 +1,6 @@
 //! Consumers: one connection each, all partitions of one topic assigned (no consumer
-//! group; ferrolog does not implement groups yet), one Fetch in flight at a time as
-//! Kafka's consumer keeps per broker.
+//! group, so no coordinator is measured), one Fetch in flight at a time as Kafka's
+//! consumer keeps per broker.
 //!
 //! A live consumer starts at the log end before the producers start and measures
 //! end-to-end latency: receive time minus the intended send time the producer wrote in

@@ -13,7 +13,8 @@
 //! Batching follows Kafka's producer: records go into one open batch per partition;
 //! a batch is closed when the next record would make it exceed `batch_bytes` or when it
 //! has been open for `linger`; the sticky partitioner then moves on to the next
-//! partition (keyed records go where murmur2 of their key puts them, as in the Java client). A sender drains closed batches (at most one per partition, like Kafka's
+//! partition (keyed records go where murmur2 of their key puts them, as in the Java
+//! client). A sender drains closed batches (at most one per partition, like Kafka's
 //! `RecordAccumulator.drain`) into Produce requests of at most `request_bytes_max`, with
 //! at most `max_in_flight` unanswered requests on the connection. `buffer_bytes` bounds
 //! the records waiting in the producer (Kafka's `buffer.memory`): when full, generation

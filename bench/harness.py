@@ -31,6 +31,7 @@ import argparse
 import datetime
 import hashlib
 import json
+import math
 import os
 import platform
 import re
@@ -77,7 +78,7 @@ PROFILES = {
         "fan_out": {"fraction": 0.25, "consumers": 3, "duration_s": 15, "warmup_s": 4},
         "many_producers": {"producers": 50, "partitions": 100, "fraction": 0.5, "duration_s": 15, "warmup_s": 4},
         "keyed": {"keys": 10000, "fraction": 0.5, "duration_s": 15, "warmup_s": 4},
-        "drain": {"bytes": 2 << 30, "fraction": 0.5, "duration_s": 15, "warmup_s": 1},
+        "drain": {"bytes": 2 << 30, "fraction": 0.5, "duration_s": 15, "warmup_s": 0},
         "catch_up": {"bytes": 2 << 30},
         "many_partitions": {"partitions": 10000, "rate": 2000, "duration_s": 20, "warmup_s": 5, "idle_s": 10, "settle_max_s": 240, "reps": 1},
         "replicated": {"partitions": 16, "duration_s": 15, "warmup_s": 4, "rate": 20000, "many_partitions": 3000, "many_rate": 2000,
@@ -96,7 +97,7 @@ PROFILES = {
         "fan_out": {"fraction": 0.1, "consumers": 3, "duration_s": 2, "warmup_s": 0.5},
         "many_producers": {"producers": 10, "partitions": 20, "fraction": 0.1, "duration_s": 2, "warmup_s": 0.5},
         "keyed": {"keys": 1000, "fraction": 0.1, "duration_s": 2, "warmup_s": 0.5},
-        "drain": {"bytes": 32 << 20, "fraction": 0.1, "duration_s": 2, "warmup_s": 0.5},
+        "drain": {"bytes": 32 << 20, "fraction": 0.1, "duration_s": 2, "warmup_s": 0},
         "catch_up": {"bytes": 32 << 20},
         "many_partitions": {"partitions": 50, "rate": 200, "duration_s": 2, "warmup_s": 0.5, "idle_s": 1, "settle_max_s": 20, "reps": 1},
         "replicated": {"partitions": 4, "duration_s": 2, "warmup_s": 0.5, "rate": 500, "many_partitions": 30, "many_rate": 200,
@@ -417,6 +418,8 @@ class Sampler:
 
     # Called with the broker's pid before each measurement starts (the harness's quiet gate).
     gate = None
+    # CPUs the load generator may run on.
+    client_cpus = NCPU
 
     def __init__(self, broker_pid):
         self.pid = broker_pid
@@ -451,12 +454,15 @@ class Sampler:
         self.broker_kernel_s = (split1[1] - self.split0[1]) if split1 is not None else None
         self.broker_cpu_s = (sum(split1) - sum(self.split0)) if split1 is not None else None
         self.busy_s = machine_busy_s() - self.busy0
-        self.kthreads_s = kernel_threads_cpu_s() - self.kthreads0
+        # Kernel threads that exit take their CPU time out of the sum: never below 0.
+        self.kthreads_s = max(0.0, kernel_threads_cpu_s() - self.kthreads0)
         return False
 
     def figures(self, client_cpu_s=0.0):
         other = self.busy_s - (self.broker_cpu_s or 0.0) - client_cpu_s - self.kthreads_s
         return {
+            # The load generator's share of the CPUs it may use (one when pinned).
+            "client_cpu_pct": round(client_cpu_s / (self.elapsed_s * Sampler.client_cpus) * 100, 1),
             "broker_cpu_s": round(self.broker_cpu_s, 3) if self.broker_cpu_s is not None else None,
             "broker_kernel_cpu_s": round(self.broker_kernel_s, 3) if self.broker_kernel_s is not None else None,
             "client_cpu_s": round(client_cpu_s, 3),
@@ -684,8 +690,11 @@ class Harness:
             b.wait_ready()
             if config not in self.settings:
                 self.settings[config] = b.settings()
-            for name, fn in (("fixed-rate", self.fixed_rate), ("fan-out", self.fan_out), ("many-producers", self.many_producers),
-                             ("keyed", self.keyed), ("drain-while-producing", self.drain_while_producing), ("catch-up", self.catch_up)):
+            # catch-up first among the backlog readers, on a disk that only fixed-rate and
+            # fan-out wrote to, as before the critique workloads were added.
+            for name, fn in (("fixed-rate", self.fixed_rate), ("fan-out", self.fan_out), ("catch-up", self.catch_up),
+                             ("many-producers", self.many_producers), ("keyed", self.keyed),
+                             ("drain-while-producing", self.drain_while_producing)):
                 # catch_up also runs catch-up-cold, on the same backlog.
                 names = {name, "catch-up-cold"} if name == "catch-up" else {name}
                 if not names & set(self.args.workloads):
@@ -805,6 +814,7 @@ class Harness:
             raise RuntimeError(f"{label}: the consumer did not reach the end of the backlog ({c['records']} of {records} records)")
         self.record(2, config, rep, "drain-while-producing", {
             "backlog_gib": round(c["batch_bytes"] / 2**30, 3), "drain_mbps": round(c["throughput_mbps"], 2),
+            "drain_worst_second_p99_ms": drain_worst_second_p99_ms(r, c["elapsed_s"]),
             "drain_s": round(c["elapsed_s"], 2), "target_mbps": round(r["target_mbps"], 2),
             "throughput_mbps": round(r["throughput_mbps"], 2), **latency_ms(r["latency"]), "saturated": r["saturated"],
             **s.figures(cpu)}, raw)
@@ -1133,6 +1143,13 @@ def latency_ms(lat):
             "p9999_ms": ms(lat["p9999_us"]), "max_ms": ms(lat["max_us"])}
 
 
+def drain_worst_second_p99_ms(produce, drain_s):
+    """The highest per-second produce p99 among the seconds (of intended send time) that the
+    drain lasted, from the load generator's latency timeline."""
+    during = [p99 for second, _, p99, _ in produce["latency_timeline"] if second < max(1, math.ceil(drain_s))]
+    return ms(max(during)) if during else None
+
+
 def cpu_per_gib(cpu_s, bytes_in_window, duration_s, window_s):
     """Broker CPU over the whole run scaled to the bytes of the whole run, per GiB."""
     if cpu_s is None or not bytes_in_window or not window_s:
@@ -1291,6 +1308,7 @@ def main():
     h.machine = machine
     if not args.quick:
         Sampler.gate = h.wait_for_quiet
+    Sampler.client_cpus = 1 if args.pinned else NCPU
     if disk_free_bytes(work) < DISK_FREE_MIN_BYTES + 2 * profile["catch_up"]["bytes"]:
         sys.exit(f"bench: less than {(DISK_FREE_MIN_BYTES + 2 * profile['catch_up']['bytes']) >> 30} GiB free under {work}")
 

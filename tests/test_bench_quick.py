@@ -78,6 +78,13 @@ def test_results_json_is_complete(quick_run):
             assert m["broker_kernel_cpu_s_per_gib"] is not None, (x["workload"], x["config"])
             # (A quick run's read can take under one clock tick of kernel time.)
             assert 0 <= m["broker_kernel_cpu_s_per_gib"] <= m["broker_cpu_s_per_gib"], (x["workload"], x["config"], m)
+    # The drain is timed and its worst second's produce p99 found; every run records how
+    # busy the load generator was.
+    for x in r["runs"]:
+        if x["workload"] == "drain-while-producing":
+            assert x["metrics"]["drain_mbps"] > 0 and x["metrics"]["drain_worst_second_p99_ms"] is not None, x
+        if x["workload"] in ("max-throughput", "fixed-rate", "keyed", "many-producers"):
+            assert x["metrics"]["client_cpu_pct"] >= 0, x
     # Kafka's JVM settings are recorded, as the report must state them.
     assert any("-Xmx1g" in a for a in r["settings"]["kafka"]["jvm_cmdline"])
 

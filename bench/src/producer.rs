@@ -247,6 +247,12 @@ pub fn run(
     // Every thread waits here so that connection set-up is not charged to the first records.
     let mut handles = Vec::new();
     for ((j, (conn, mine)), keys) in shares.into_iter().enumerate().zip(keys_of) {
+        // Each producer's share of the rate: even, or keyed, its share of the keys, so each
+        // key (and partition) gets the traffic the Java client would send it.
+        let rate_share = match opts.partitioner {
+            Partitioner::Keyed => keys.len() as f64 / opts.keys as f64,
+            _ => 1.0 / producers as f64,
+        };
         let opts = opts.clone();
         let live = live.clone();
         let filler = filler.clone();
@@ -257,6 +263,7 @@ pub fn run(
                     producer(
                         j,
                         producers,
+                        rate_share,
                         conn,
                         mine,
                         &keys,
@@ -366,6 +373,7 @@ fn filler_bytes(n: usize) -> Vec<u8> {
 fn producer(
     index: usize,
     producers: usize,
+    rate_share: f64,
     conn: Conn,
     partitions: Vec<i32>,
     keys: &[(usize, Vec<u8>)],
@@ -387,6 +395,7 @@ fn producer(
         let w = write_requests(
             index,
             producers,
+            rate_share,
             conn,
             &partitions,
             keys,
@@ -409,6 +418,7 @@ fn producer(
 fn write_requests(
     index: usize,
     producers: usize,
+    rate_share: f64,
     mut conn: Conn,
     partitions: &[i32],
     keys: &[(usize, Vec<u8>)],
@@ -423,7 +433,7 @@ fn write_requests(
     let duration_ns = opts.duration.as_nanos() as u64;
     let warmup_ns = opts.warmup.as_nanos() as u64;
     let deadline = start + opts.duration + opts.drain_timeout;
-    let rate = opts.rate_rps / producers as f64;
+    let rate = opts.rate_rps * rate_share;
     let interval_ns = if rate > 0.0 { 1e9 / rate } else { 0.0 };
     // Producers start out of phase so that their records interleave evenly.
     let phase_ns = interval_ns * index as f64 / producers as f64;

@@ -795,13 +795,7 @@ class Harness:
         on at a fraction of Kafka's max: how fast the backlog drains, and what the drain costs
         the producers' latency."""
         q = self.p["drain"]
-        records = q["bytes"] // self.p["record_bytes"]
-        label = f"drain-backlog-{config}-r{rep}"
-        d, _, _ = self.bench(b, label, [
-            "--topic", "drain", "--create-partitions", self.p["partitions"], *self.common_produce_args(),
-            "--rate", 0, "--records", records, "--duration-s", 1800, "--warmup-s", 0], 1900)
-        self.check_produce(d["produce"], label)
-        time.sleep(1)
+        records, _ = self.write_backlog(b, f"drain-backlog-{config}-r{rep}", "drain", q["bytes"])
         label = f"drain-while-producing-{config}-r{rep}"
         with Sampler(b.pid) as s:
             d, cpu, raw = self.bench(b, label, [
@@ -819,18 +813,21 @@ class Harness:
             "throughput_mbps": round(r["throughput_mbps"], 2), **latency_ms(r["latency"]), "saturated": r["saturated"],
             **s.figures(cpu)}, raw)
 
+    def write_backlog(self, b, label, topic, size_bytes):
+        """Writes `size_bytes` of records to a new `topic`, closed loop; returns the record
+        count and the load generator's produce figures."""
+        records = size_bytes // self.p["record_bytes"]
+        d, _, _ = self.bench(b, label, [
+            "--topic", topic, "--create-partitions", self.p["partitions"], *self.common_produce_args(),
+            "--rate", 0, "--records", records, "--duration-s", 1800, "--warmup-s", 0], 1900)
+        self.check_produce(d["produce"], label)
+        time.sleep(1)
+        return records, d["produce"]
+
     def catch_up(self, b, config, rep):
         """A backlog written, then read from the start: as the writes left the page cache
         (catch-up), then again after dropping the page cache (catch-up-cold)."""
-        q = self.p["catch_up"]
-        records = q["bytes"] // self.p["record_bytes"]
-        label = f"backlog-{config}-r{rep}"
-        d, _, _ = self.bench(b, label, [
-            "--topic", "backlog", "--create-partitions", self.p["partitions"], *self.common_produce_args(),
-            "--rate", 0, "--records", records, "--duration-s", 1800, "--warmup-s", 0], 1900)
-        pr = d["produce"]
-        self.check_produce(pr, label)
-        time.sleep(1)
+        records, pr = self.write_backlog(b, f"backlog-{config}-r{rep}", "backlog", self.p["catch_up"]["bytes"])
         if "catch-up" in self.args.workloads:
             self.read_backlog(b, config, rep, "catch-up", records, pr)
         if "catch-up-cold" in self.args.workloads:

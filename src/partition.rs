@@ -11,10 +11,13 @@ use std::rc::Rc;
 use bytes::{Bytes, BytesMut};
 use ferrolog_io::batch::{self, BatchError, BatchHeader, ATTR_TIMESTAMP_LOG_APPEND};
 use ferrolog_io::{Log, LogError};
+use futures::future::LocalBoxFuture;
+use futures::FutureExt;
 use uuid::Uuid;
 
 use crate::config::TopicSettings;
 use crate::errors::BrokerError;
+use crate::group::OffsetsLog;
 use crate::producer_state::{ProducerStates, SequenceCheck};
 use crate::read_ahead::ReadAhead;
 use crate::records::{self, RecordError, TimestampPolicy};
@@ -43,6 +46,51 @@ impl Appended {
             log_append_time_ms: timestamp,
             duplicate: true,
         }
+    }
+}
+
+/// The coordinator's view of an offsets partition (`group::OffsetsLog`).
+impl OffsetsLog for Partition {
+    fn is_leader(&self) -> bool {
+        Partition::is_leader(self)
+    }
+    fn read_lease(&self) -> LocalBoxFuture<'_, Result<(), BrokerError>> {
+        Partition::read_lease(self).boxed_local()
+    }
+    fn high_watermark(&self) -> i64 {
+        Partition::high_watermark(self)
+    }
+    fn log_start(&self) -> i64 {
+        Partition::log_start(self)
+    }
+    fn stored_start(&self) -> i64 {
+        self.log.start_offset()
+    }
+    fn log_end(&self) -> i64 {
+        self.log.end_offset()
+    }
+    fn move_log_start(
+        &self,
+        offset: i64,
+        now_ms: i64,
+    ) -> LocalBoxFuture<'_, Result<i64, BrokerError>> {
+        Partition::move_log_start(self, offset, now_ms).boxed_local()
+    }
+    fn read_committed(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+    ) -> LocalBoxFuture<'_, Result<Bytes, BrokerError>> {
+        async move { Ok(self.read(offset, max_bytes, true).await?.records) }.boxed_local()
+    }
+    fn append_batch(
+        self: &Rc<Self>,
+        batch: &Bytes,
+        now_ms: i64,
+    ) -> LocalBoxFuture<'static, Result<Appended, BrokerError>> {
+        let written = self.append(batch, false, now_ms);
+        let partition = self.clone();
+        async move { written?.finish(&partition.log, true).await }.boxed_local()
     }
 }
 

@@ -379,7 +379,7 @@ impl Shard {
             }
             p.replication.shutdown().await;
             if tp.topic == OFFSETS_TOPIC {
-                group::unload(self, tp.partition);
+                self.groups.borrow_mut().unload(tp.partition);
             }
             let _ = p.log.close().await;
             let dir = p.log.dir().to_path_buf();

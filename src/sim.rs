@@ -36,9 +36,27 @@
 //! answered as the earliest offset (`Checker::fetched`, `Checker::listed`: "read deleted",
 //! "stale log start").
 //!
+//! With `--groups` the partition is an offsets partition, and the broker's group coordinator
+//! (`crate::group`) runs on every node over it, through `group::OffsetsLog` (which `Node`
+//! serves here, as `Partition` does on a shard):
+//! - each node's coordinator follows its replica's leadership and loads the groups when it
+//!   begins to lead (`follow_leadership`, as the shard's tick loop does);
+//! - committers (the clients) commit their positions 1, 2, 3, ... one request at a time
+//!   (`commit_offset`, the OffsetCommit handler's path: `group::check_coordinator`, then
+//!   `group::write_offsets`); two fetchers ask for them (`fetch_offset`, OffsetFetch's
+//!   path);
+//! - each leader rewrites the live state every few seconds and moves the log start past the
+//!   older records (`rewriter`, `group::rewrite`); time and size retention do not run, as
+//!   the topic is compact-only, and no DeleteRecords either.
+//!
+//! Its checkers are the world's (replicas agree and converge, commits are acknowledged again
+//! once the faults heal) and `Checker::offset_fetched`: no OffsetFetch answers less than an
+//! offset acknowledged or answered before it was asked, nor an offset never sent.
+//!
 //! Not simulated yet: quiescence and the coalesced beats (`Replica::tend`; leaders run check
 //! quorum as the bare world does), preferred-leader handovers, long-polling fetches,
-//! ListOffsets by timestamp, the controller and the group coordinator.
+//! ListOffsets by timestamp, the controller, and in the coordinator group rebalances, offset
+//! expiry and group deletion.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -67,7 +85,9 @@ use ferrolog_raft::wire::{GroupId, Handover};
 use futures::future::LocalBoxFuture;
 use futures::FutureExt;
 
+use crate::config::GroupConfig;
 use crate::errors::BrokerError;
+use crate::group::{self, GroupCoordinator, OffsetsLog};
 use crate::partition::Appended;
 use crate::producer_state::{ProducerStates, SequenceCheck};
 use crate::replication::host::{At, Host, HostRaft, WriteReceiver};
@@ -87,6 +107,8 @@ struct SimHost {
     checker: Rc<Checker>,
     /// Every running node's partition, whose log starts `log_start` asks for.
     nodes: Nodes,
+    /// The partition holds coordinator records, not the clients' (`--groups`).
+    groups: bool,
 }
 
 /// The running nodes' partitions.
@@ -164,10 +186,9 @@ impl Host for SimHost {
     }
     fn applied(&self, entry: &Entry, base_offset: Option<i64>) {
         let (node, index) = (self.node, entry.log_id.index);
+        let record = record_of(entry).filter(|_| !self.groups);
         match base_offset {
-            Some(offset) => self
-                .checker
-                .applied(node, entry.log_id, record_of(entry), offset),
+            Some(offset) => self.checker.applied(node, entry.log_id, record, offset),
             None => self
                 .checker
                 .violation(format!("node {node} applied entry {index}, not in its log")),
@@ -176,11 +197,98 @@ impl Host for SimHost {
 }
 
 /// A running node's partition: its replica, log, and the leader's producer state (what
-/// `Partition` holds).
+/// `Partition` holds), and the node's group coordinator (what `Shard::groups` holds).
 struct Node {
     replica: Rc<Replica<SimHost>>,
     log: Rc<Log<SimFs>>,
     producers: RefCell<ProducerStates>,
+    groups: RefCell<GroupCoordinator>,
+    group_config: GroupConfig,
+}
+
+/// The partition as the group coordinator sees its offsets partition, as `Partition` serves
+/// it: reads are the loader's (the leader's committed batches), and an append takes the
+/// produce path of a batch without a producer id (`produce`).
+impl OffsetsLog for Node {
+    fn is_leader(&self) -> bool {
+        self.replica.is_leader()
+    }
+    fn read_lease(&self) -> LocalBoxFuture<'_, Result<(), BrokerError>> {
+        self.replica.read_lease().boxed_local()
+    }
+    fn high_watermark(&self) -> i64 {
+        self.replica.high_watermark()
+    }
+    fn log_start(&self) -> i64 {
+        self.replica.log_start(&self.log)
+    }
+    fn stored_start(&self) -> i64 {
+        self.log.start_offset()
+    }
+    fn log_end(&self) -> i64 {
+        self.log.end_offset()
+    }
+    /// `Replication::move_log_start`: a log-start entry, then this replica's retention.
+    fn move_log_start(
+        &self,
+        offset: i64,
+        now_ms: i64,
+    ) -> LocalBoxFuture<'_, Result<i64, BrokerError>> {
+        let (replica, log) = (&self.replica, &self.log);
+        async move {
+            if !replica.log_start_proposed(offset) {
+                replica
+                    .propose_log_start(&self.producers, log.end_offset(), offset, now_ms)
+                    .await?;
+            }
+            if log.start_offset() < offset {
+                replica
+                    .apply_retention(log, now_ms, None, true)
+                    .await
+                    .map_err(|e| BrokerError::RequestTimedOut(e.to_string()))?;
+            }
+            Ok(log.start_offset())
+        }
+        .boxed_local()
+    }
+    fn read_committed(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+    ) -> LocalBoxFuture<'_, Result<Bytes, BrokerError>> {
+        async move {
+            if !self.replica.is_leader() {
+                return Err(BrokerError::NotLeaderOrFollower);
+            }
+            let high_watermark = self.replica.high_watermark();
+            if offset < self.replica.log_start(&self.log) {
+                return Err(BrokerError::OffsetOutOfRange);
+            }
+            self.log
+                .read(offset, max_bytes, high_watermark, true)
+                .await
+                .map_err(BrokerError::from_log)
+        }
+        .boxed_local()
+    }
+    fn append_batch(
+        self: &Rc<Self>,
+        batch: &Bytes,
+        _now_ms: i64,
+    ) -> LocalBoxFuture<'static, Result<Appended, BrokerError>> {
+        if let Some(e) = self.log.failure() {
+            let e = BrokerError::Storage(e.to_string());
+            return async { Err(e) }.boxed_local();
+        }
+        if let Err(e) = self.replica.ready(&self.producers, self.log.end_offset()) {
+            return async { Err(e) }.boxed_local();
+        }
+        let header = batch::verify(batch).expect("the coordinator writes valid batches");
+        let (_, _, commit) = self
+            .replica
+            .propose(&self.producers, batch.clone(), &header, -1);
+        commit
+    }
 }
 
 /// The fixes `--replica` can undo (`raft::unfix`), to show the checker finds each defect:
@@ -191,8 +299,11 @@ struct Node {
 /// uncommitted is still in its log; `read-start`, reads that see the log's own start, so a
 /// leader elected before it moved its log start to a log-start entry's serves deleted
 /// records; `snapshot-start`, snapshots without the log start that log-start entries asked
-/// for, so a replica restarted from one before its purge moved its log start forgets it.
-pub const UNFIXES: [&str; 7] = [
+/// for, so a replica restarted from one before its purge moved its log start forgets it;
+/// `f` (with `--groups`), issue 17's defect f (offsets shown before their write is durable);
+/// `load-start` (with `--groups`), loads that replay from the log's own start, so a leader
+/// that applied a rewrite's log-start entry before its log moved there fails to load.
+pub const UNFIXES: [&str; 9] = [
     "c",
     "producers",
     "lease",
@@ -200,18 +311,27 @@ pub const UNFIXES: [&str; 7] = [
     "resync",
     "read-start",
     "snapshot-start",
+    "f",
+    "load-start",
 ];
+
+/// The fixes of `UNFIXES` that only `--groups` runs.
+pub const GROUPS_UNFIXES: [&str; 2] = ["f", "load-start"];
 
 /// The broker's replica on every node (see the module doc).
 pub struct ReplicaMode {
     /// Which of `UNFIXES` are undone.
     unfixed: Vec<&'static str>,
     nodes: Nodes,
+    /// The partition is an offsets partition, written by the group coordinator for
+    /// consumers that commit (`--groups`), instead of a partition of idempotent producers.
+    groups: bool,
 }
 
 impl ReplicaMode {
-    /// Undoes the fixes named in `unfix` (each one of `UNFIXES`, else None).
-    pub fn new(unfix: &[&str]) -> Option<ReplicaMode> {
+    /// Undoes the fixes named in `unfix` (each one of `UNFIXES`, else None); `groups`: the
+    /// partition is an offsets partition (`ReplicaMode::groups`).
+    pub fn new(unfix: &[&str], groups: bool) -> Option<ReplicaMode> {
         let unfixed = unfix
             .iter()
             .map(|u| UNFIXES.iter().copied().find(|k| k == u))
@@ -219,6 +339,7 @@ impl ReplicaMode {
         Some(ReplicaMode {
             unfixed,
             nodes: Rc::default(),
+            groups,
         })
     }
 }
@@ -240,6 +361,9 @@ impl Mode for ReplicaMode {
         unfix::set_resync_with_tail(undone("resync"));
         unfix::set_reads_below_asked_start(undone("read-start"));
         unfix::set_snapshots_without_log_start(undone("snapshot-start"));
+        group::unfix::set_offsets_shown_at_append(undone("f"));
+        group::unfix::set_loads_from_the_stored_start(undone("load-start"));
+        let groups = self.groups;
         async move {
             let NodeCtx {
                 node,
@@ -258,6 +382,7 @@ impl Mode for ReplicaMode {
                 disk: disk.clone(),
                 checker: checker.clone(),
                 nodes: nodes.clone(),
+                groups,
             });
             let log_start_asked = Rc::new(tokio::sync::Notify::new());
             let replicas: Vec<i32> = NODES.iter().map(|&n| n as i32).collect();
@@ -287,13 +412,25 @@ impl Mode for ReplicaMode {
                 .insert(node, (replica.view.reader(), replica.view.clone()));
             let raft = replica.raft.clone();
             let view = replica.view.clone();
-            spawn_on(node, retention(raft.clone(), view, log.clone(), checker));
+            // An offsets partition is compact-only: no time or size retention trims it.
+            if !groups {
+                spawn_on(
+                    node,
+                    retention(raft.clone(), view, log.clone(), checker.clone()),
+                );
+            }
             let this = Rc::new(Node {
                 replica,
                 log,
                 producers: RefCell::default(),
+                groups: RefCell::default(),
+                group_config: GroupConfig::default(),
             });
             spawn_on(node, follow_log_start(this.clone(), log_start_asked));
+            if groups {
+                spawn_on(node, follow_leadership(node, this.clone()));
+                spawn_on(node, rewriter(node, this.clone(), checker.clone()));
+            }
             nodes.borrow_mut().insert(node, this);
             if check_quorum {
                 tend(node, raft, net).await;
@@ -303,11 +440,20 @@ impl Mode for ReplicaMode {
     }
 
     fn client(&self, id: u32, ctx: ClientCtx) -> LocalBoxFuture<'static, ()> {
-        producer(id, ctx, self.nodes.clone()).boxed_local()
+        let nodes = self.nodes.clone();
+        match self.groups {
+            true => committer(id, ctx, nodes).boxed_local(),
+            false => producer(id, ctx, nodes).boxed_local(),
+        }
     }
 
     fn others(&self, ctx: ClientCtx) -> Vec<LocalBoxFuture<'static, ()>> {
         let nodes = &self.nodes;
+        if self.groups {
+            return (0..2)
+                .map(|_| offset_fetcher(ctx.clone(), nodes.clone()).boxed_local())
+                .collect();
+        }
         vec![
             consumer(0, ctx.clone(), nodes.clone()).boxed_local(),
             consumer(1, ctx.clone(), nodes.clone()).boxed_local(),
@@ -325,12 +471,13 @@ impl Mode for ReplicaMode {
     }
 
     fn flags(&self) -> String {
+        let groups = if self.groups { " --groups" } else { "" };
         let unfix: String = self
             .unfixed
             .iter()
             .map(|u| format!(" --unfix {u}"))
             .collect();
-        format!("--replica{unfix}")
+        format!("--replica{groups}{unfix}")
     }
 }
 
@@ -643,18 +790,7 @@ async fn delete_records(node: Rc<Node>, live: Vec<NodeId>) -> Result<(i64, i64),
     }
     let (start, hw) = (node.log.start_offset(), node.replica.high_watermark());
     let target = start + (random_u64() % (hw - start + 1).max(1) as u64) as i64;
-    let (replica, log) = (&node.replica, &node.log);
-    if !replica.log_start_proposed(target) {
-        replica
-            .propose_log_start(&node.producers, log.end_offset(), target, now_ms())
-            .await?;
-    }
-    if log.start_offset() < target {
-        replica
-            .apply_retention(log, now_ms(), None, true)
-            .await
-            .map_err(|e| BrokerError::RequestTimedOut(e.to_string()))?;
-    }
+    node.move_log_start(target, now_ms()).await?;
     let deadline = SimInstant::now() + Duration::from_secs(5);
     let live = |id| live.contains(&(id as NodeId));
     let log = &node.log;
@@ -699,5 +835,198 @@ async fn deleter(ctx: ClientCtx, nodes: Nodes) {
                 return;
             }
         }
+    }
+}
+
+/// The topic whose offsets the committers commit (`--groups`); committer `c` commits its
+/// position in partition `c`, in group `g{c}`.
+const TOPIC: &str = "t";
+
+/// What the shard's tick loop does for an offsets partition (`group::follow_leadership`):
+/// every 100 ms the node's coordinator follows the replica's leadership, and loads the
+/// partition's groups (`group::load`) when it begins to lead.
+async fn follow_leadership(id: NodeId, node: Rc<Node>) {
+    loop {
+        let (leads, epoch) = (node.replica.is_leader(), node.replica.leader_epoch());
+        let load = node.groups.borrow_mut().follow(0, leads, epoch);
+        if let Some(load) = load {
+            let node = node.clone();
+            spawn_on(id, async move {
+                let cfg = &node.group_config;
+                group::load(&node.groups, cfg, 0, &*node, load, now_ms).await;
+            });
+        }
+        SimRuntime::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Records an offsets partition may hold beyond twice its live records before the rewrite
+/// (the broker's is 10,000; this one makes rewrites happen every few seconds).
+const REWRITE_SLACK_RECORDS: i64 = 30;
+
+/// What the shard's tick loop does for an offsets partition it coordinates
+/// (`group::rewrite`): every 1 to 4 s (the broker: 30 s) the live state is rewritten once
+/// the log holds enough more, and the log start moved to it; a rewrite put off for an
+/// offset write in flight is tried again each tick.
+async fn rewriter(id: NodeId, node: Rc<Node>, checker: Rc<Checker>) {
+    let mut pause = Duration::ZERO;
+    loop {
+        SimRuntime::sleep(pause).await;
+        pause = Duration::from_millis(1000 + random_u64() % 3000);
+        if !node.groups.borrow().is_loaded(0) {
+            continue;
+        }
+        match group::rewrite(&node.groups, 0, &node, REWRITE_SLACK_RECORDS, now_ms()) {
+            group::Rewrite::Unneeded => {}
+            group::Rewrite::PutOff => pause = Duration::from_millis(100),
+            group::Rewrite::Started(done) => {
+                let checker = checker.clone();
+                spawn_on(id, async move {
+                    if done.await {
+                        checker.rewrote();
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// An OffsetCommit of committer `committer`'s position `offset`, as a consumer that uses
+/// `assign` sends it (generation -1, no member): what the OffsetCommit handler does
+/// (`group::on_group`, then `group::write_offsets`).
+async fn commit_offset(node: Rc<Node>, committer: u32, offset: i64) -> Result<(), BrokerError> {
+    group::check_coordinator(&node.groups, 0, &*node).await?;
+    let now = now_ms();
+    let group_id = format!("g{committer}");
+    node.groups
+        .borrow_mut()
+        .groups
+        .entry(group_id.clone())
+        .or_insert_with(|| group::Group::offsets_only(0, &node.group_config, now))
+        .validate_offset_commit("", None, -1, 8, now)?;
+    let value = group::codec::OffsetValue {
+        offset,
+        leader_epoch: -1,
+        metadata: String::new(),
+        commit_timestamp_ms: now,
+    };
+    let change = ((TOPIC.to_string(), committer as i32), Some(value));
+    group::write_offsets(&node.groups, 0, &node, &group_id, vec![change], now).await
+}
+
+/// An OffsetFetch of committer `committer`'s position (-1: none): what the OffsetFetch
+/// handler does (`group::on_group`, then the group's offsets).
+async fn fetch_offset(node: Rc<Node>, committer: u32) -> Result<i64, BrokerError> {
+    group::check_coordinator(&node.groups, 0, &*node).await?;
+    let groups = node.groups.borrow();
+    let key = (TOPIC.to_string(), committer as i32);
+    let group = groups.groups.get(&format!("g{committer}"));
+    Ok(group
+        .and_then(|g| g.offsets.get(&key))
+        .map_or(-1, |v| v.offset))
+}
+
+/// A consumer that commits its position (`--groups`): committer `id` commits offsets 1, 2,
+/// 3, ... of its partition in its own group, through the node it believes coordinates,
+/// moving on once a commit is acknowledged, as a consumer's `commitSync` does. It sends
+/// a commit again only once the last request was answered or was lost with its node: a
+/// commit still on its way could land after the next one and move the offset back, as in
+/// Kafka.
+async fn committer(id: u32, ctx: ClientCtx, nodes: Nodes) {
+    let ClientCtx {
+        net,
+        checker,
+        stop,
+        last_ack,
+    } = ctx;
+    let mut target = NODES[id as usize % NODES.len()];
+    let mut offset = 1i64;
+    while !stop.get() {
+        let node = nodes.borrow().get(&target).cloned();
+        let (tx, rx) = futures::channel::oneshot::channel();
+        checker.offset_sent(id, offset);
+        if let Some(node) = node.clone() {
+            let net = net.clone();
+            spawn_on(target, async move {
+                SimRuntime::sleep(network_delay(&net)).await;
+                let answer = commit_offset(node, id, offset).await;
+                SimRuntime::sleep(network_delay(&net)).await;
+                let _ = tx.send(answer);
+            });
+        } else {
+            drop(tx); // no such node running: nothing answers
+        }
+        let a = rx.await;
+        let pause = match a {
+            Ok(Ok(())) => {
+                checker.offset_committed(id, offset);
+                last_ack.set(SimInstant::now());
+                offset += 1;
+                random_u64() % 20
+            }
+            Ok(Err(BrokerError::NotCoordinator)) => {
+                target = redirect(node, target);
+                10
+            }
+            Ok(Err(BrokerError::CoordinatorLoadInProgress)) => 50,
+            Ok(Err(e)) => {
+                checker.violation(format!(
+                    "refused: g{id}'s commit of {offset} refused by node {target}: {e}"
+                ));
+                return;
+            }
+            Err(_) => {
+                target = random_node();
+                50
+            }
+        };
+        SimRuntime::sleep(Duration::from_millis(pause)).await;
+    }
+}
+
+/// A consumer that asks for a committer's position (`--groups`): an OffsetFetch of a random
+/// committer's group, through the node it believes coordinates, each answer checked
+/// (`Offsets::fetched`) against what clients had been shown when it asked.
+async fn offset_fetcher(ctx: ClientCtx, nodes: Nodes) {
+    let ClientCtx {
+        net, checker, stop, ..
+    } = ctx;
+    let mut target = random_node();
+    while !stop.get() {
+        let committer = (random_u64() % 3) as u32;
+        let shown = checker.offset_shown(committer);
+        let node = nodes.borrow().get(&target).cloned();
+        let (tx, rx) = futures::channel::oneshot::channel();
+        if let Some(node) = node.clone() {
+            let net = net.clone();
+            spawn_on(target, async move {
+                SimRuntime::sleep(network_delay(&net)).await;
+                let answer = fetch_offset(node, committer).await;
+                SimRuntime::sleep(network_delay(&net)).await;
+                let _ = tx.send(answer);
+            });
+        }
+        let pause = match SimRuntime::timeout(Duration::from_secs(3), rx).await {
+            Ok(Ok(Ok(offset))) => {
+                checker.offset_fetched(target, committer, shown, offset);
+                5
+            }
+            Ok(Ok(Err(BrokerError::NotCoordinator))) => {
+                target = redirect(node, target);
+                10
+            }
+            Ok(Ok(Err(BrokerError::CoordinatorLoadInProgress))) => 50,
+            Ok(Ok(Err(e))) => {
+                checker.violation(format!(
+                    "refused: an OffsetFetch of g{committer} refused by node {target}: {e}"
+                ));
+                return;
+            }
+            Ok(Err(_)) | Err(_) => {
+                target = random_node();
+                50
+            }
+        };
+        SimRuntime::sleep(Duration::from_millis(pause)).await;
     }
 }

@@ -6,6 +6,7 @@
 //! ferrolog-sim --minutes 30           # as many seeds as fit in 30 minutes
 //! ferrolog-sim --seed 42 [--keep 3,7] # replays one run (and its shrunk schedule)
 //! ferrolog-sim --replica --seeds 100  # the broker's Replica, with idempotent producers
+//! ferrolog-sim --replica --groups --seeds 100  # and its group coordinator, with commits
 //! ferrolog-sim --log --seeds 100      # io/'s log on a simulated disk, crashed at random
 //! ```
 //! A failing seed is shrunk to the fewest faults that still fail and printed with the
@@ -18,7 +19,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use clap::Parser;
-use ferrolog::sim::{ReplicaMode, UNFIXES as REPLICA_UNFIXES};
+use ferrolog::sim::{ReplicaMode, GROUPS_UNFIXES, UNFIXES as REPLICA_UNFIXES};
 use ferrolog_raft::sim::log_world::{log_command, run_log, LogOptions, UNFIXES};
 use ferrolog_raft::sim::{command, describe, run, shrink, Options};
 
@@ -56,7 +57,9 @@ struct Args {
     /// its log start to a log-start entry's serves deleted records; with `--replica`,
     /// `snapshot-start` takes snapshots without the log start that log-start entries asked
     /// for, so a replica restarted from one before its purge moved its log start forgets
-    /// it and serves deleted records once it leads; `straddle` lets a truncation
+    /// it and serves deleted records once it leads; with `--groups`, `f` shows committed
+    /// offsets before their write commits (defect f of issue 17), and `load-start` loads
+    /// an offsets partition from its log's own start, not the start reads see; `straddle` lets a truncation
     /// of a log whose start lies inside its first entry's batch cut below the start; with
     /// `--log`, `g-open` calls a
     /// recovered tail durable without an fsync, `g-truncate` cuts a segment without
@@ -80,6 +83,11 @@ struct Args {
     /// that retry, instead of openraft alone.
     #[arg(long, conflicts_with_all = ["log", "controller"])]
     replica: bool,
+    /// With `--replica`: the partition is an offsets partition, written by the broker's
+    /// group coordinator (its loads, offset writes and leadership checks) for consumers
+    /// that commit their positions, read back by OffsetFetch, instead of producers'.
+    #[arg(long, requires = "replica")]
+    groups: bool,
     /// With `--seed`: run only these events of its schedule (comma-separated indexes).
     #[arg(long, requires = "seed")]
     keep: Option<String>,
@@ -123,13 +131,17 @@ fn main() -> ExitCode {
             ("h", false, _) => no_check_quorum = true,
             ("purge", false, _) => purge_unsynced = true,
             ("straddle", false, _) => straddle_truncate = true,
-            (fix, false, _) if args.replica && REPLICA_UNFIXES.contains(&fix) => {
+            (fix, false, _)
+                if args.replica
+                    && REPLICA_UNFIXES.contains(&fix)
+                    && (args.groups || !GROUPS_UNFIXES.contains(&fix)) =>
+            {
                 replica_unfix.push(fix)
             }
             (_, true, Some(flag)) => undo |= flag,
             (other, _, _) => {
                 eprintln!(
-                    "ferrolog-sim: unknown --unfix {other:?} (known: a, h, purge, straddle; with --replica: c, producers, lease, reads, resync, read-start, snapshot-start; with --log: g-open, g-truncate, g-index, g-finish, g-start, g-read, g-failed, g-orphan, g-cut-read, g-start-past-end)"
+                    "ferrolog-sim: unknown --unfix {other:?} (known: a, h, purge, straddle; with --replica: c, producers, lease, reads, resync, read-start, snapshot-start, and with --groups f, load-start; with --log: g-open, g-truncate, g-index, g-finish, g-start, g-read, g-failed, g-orphan, g-cut-read, g-start-past-end)"
                 );
                 return ExitCode::from(2);
             }
@@ -162,7 +174,7 @@ fn main() -> ExitCode {
         keep: keep.clone(),
         deaf: args.deaf,
         mode: args.replica.then(|| {
-            let mode = ReplicaMode::new(&replica_unfix).expect("known fixes");
+            let mode = ReplicaMode::new(&replica_unfix, args.groups).expect("known fixes");
             Rc::new(mode) as _
         }),
         ..Options::new(seed)
@@ -257,7 +269,7 @@ fn check(o: &Options, no_shrink: bool) -> bool {
     let outcome = run(o);
     if outcome.violations.is_empty() {
         println!(
-            "seed {}: ok, {} acks, {} faults, fingerprint {:016x}, {:.1}s; failed disks stopped {} Raft cores; {} purges, {} log starts inside a batch, {} snapshots installed, {} batches read, {} DeleteRecords answered",
+            "seed {}: ok, {} acks, {} faults, fingerprint {:016x}, {:.1}s; failed disks stopped {} Raft cores; {} purges, {} log starts inside a batch, {} snapshots installed, {} batches read, {} DeleteRecords answered, {} offset commits, {} offset fetches, {} rewrites",
             o.seed,
             outcome.acked,
             outcome.faults,
@@ -268,7 +280,10 @@ fn check(o: &Options, no_shrink: bool) -> bool {
             outcome.starts_inside,
             outcome.snapshots_installed,
             outcome.reads,
-            outcome.deletes
+            outcome.deletes,
+            outcome.offset_commits,
+            outcome.offset_fetches,
+            outcome.rewrites
         );
         return true;
     }

@@ -40,10 +40,12 @@ pub mod classic;
 pub mod codec;
 pub mod consumer;
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures::channel::oneshot;
 use futures::future::LocalBoxFuture;
 use futures::FutureExt;
@@ -65,6 +67,45 @@ pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
 pub fn is_internal_topic(name: &str) -> bool {
     name == OFFSETS_TOPIC
 }
+/// What the coordinator needs of an offsets partition. `Partition` serves it on a shard, and
+/// the simulator's replica serves it in the simulated world (`crate::sim`), so that loads,
+/// offset writes and the coordinator's checks run the same code in both.
+pub trait OffsetsLog {
+    /// Whether this replica leads the partition, and so coordinates its groups.
+    fn is_leader(&self) -> bool;
+    /// Waits for a current lease: no other replica leads while it holds.
+    fn read_lease(&self) -> LocalBoxFuture<'_, Result<(), BrokerError>>;
+    /// The offset after the last committed batch.
+    fn high_watermark(&self) -> i64;
+    /// The log start reads see.
+    fn log_start(&self) -> i64;
+    /// The first offset this replica's log still holds: at or below `log_start`, which it
+    /// follows once it has applied a log-start entry.
+    fn stored_start(&self) -> i64;
+    /// The offset after the last batch this replica's log holds.
+    fn log_end(&self) -> i64;
+    /// Moves the log start to `offset` (at or below the HW) on every replica, and answers
+    /// this replica's log start once it moved there.
+    fn move_log_start(
+        &self,
+        offset: i64,
+        now_ms: i64,
+    ) -> LocalBoxFuture<'_, Result<i64, BrokerError>>;
+    /// Committed batches from `offset`: at least the first whole one, up to `max_bytes`.
+    fn read_committed(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+    ) -> LocalBoxFuture<'_, Result<Bytes, BrokerError>>;
+    /// Appends one batch of coordinator records now, and answers where it landed once it is
+    /// durable (committed, when replicated).
+    fn append_batch(
+        self: &Rc<Self>,
+        batch: &Bytes,
+        now_ms: i64,
+    ) -> LocalBoxFuture<'static, Result<Appended, BrokerError>>;
+}
+
 /// How often a shard checks its groups' session and rebalance timeouts.
 const TICK_MS: u64 = 100;
 /// Bytes read per round while loading an offsets partition.
@@ -165,6 +206,17 @@ impl Group {
             match value {
                 Some(value) => self.offsets.insert(key, value),
                 None => self.offsets.remove(&key),
+            };
+        }
+    }
+
+    /// Shows offset changes whose write is not durable yet, never to be taken back: what
+    /// issue 17's defect f did, for `unfix::set_offsets_shown_at_append` only.
+    fn show_uncommitted(&mut self, changes: &[OffsetChange]) {
+        for (key, value) in changes {
+            match value {
+                Some(value) => self.offsets.insert(key.clone(), value.clone()),
+                None => self.offsets.remove(key),
             };
         }
     }
@@ -286,6 +338,44 @@ impl GroupCoordinator {
     /// Whether any partition is still loading (ListGroups reports it).
     pub fn loading(&self) -> bool {
         self.partitions.values().any(|loaded| !loaded)
+    }
+
+    /// Follows this replica's leadership of offsets partition `index` (`leads`, in leader
+    /// epoch `epoch`): a leader coordinates the partition's groups, loading them once per
+    /// epoch it leads in (one that lost and regained the lead between two looks may have
+    /// missed another leader's writes), and a replica that stops leading drops them, so
+    /// clients find the new coordinator. Returns the number of the load to run now
+    /// (`load`), if one is to start.
+    pub fn follow(&mut self, index: i32, leads: bool, epoch: i32) -> Option<u64> {
+        if leads && self.loaded_epochs.get(&index).is_some_and(|e| *e != epoch) {
+            self.unload(index); // led again in a later term: load afresh
+        }
+        let coordinated = self.partitions.contains_key(&index);
+        if leads && !coordinated {
+            tracing::info!(
+                partition = index,
+                "leading an offsets partition: loading its groups"
+            );
+            self.loaded_epochs.insert(index, epoch);
+            return Some(self.start_loading(index));
+        }
+        if !leads && coordinated {
+            tracing::info!(
+                partition = index,
+                "no longer leading an offsets partition: its groups move"
+            );
+            self.unload(index);
+        }
+        None
+    }
+
+    /// Stops coordinating offsets partition `index` (topic deleted, or its leadership moved
+    /// to another node): its groups are dropped.
+    pub fn unload(&mut self, index: i32) {
+        self.partitions.remove(&index);
+        self.loads.remove(&index);
+        self.loaded_epochs.remove(&index);
+        self.groups.retain(|_, g| g.partition != index);
     }
 
     /// Applies one record read back from the log.
@@ -475,29 +565,40 @@ impl GroupCoordinator {
     }
 }
 
-/// Replays an offsets partition into the coordinator (load number `load`, see
-/// `start_loading`), up to its HW; stops as soon as another load or an unload replaces it.
-pub async fn load(shard: Rc<Shard>, index: i32, partition: Rc<Partition>, load: u64) {
+/// Replays offsets partition `index` (read from `log`) into the coordinator `groups` (load
+/// number `load`, see `start_loading`), up to its HW; stops as soon as another load or an
+/// unload replaces it. `now` is the clock.
+pub async fn load<L: OffsetsLog>(
+    groups: &RefCell<GroupCoordinator>,
+    cfg: &GroupConfig,
+    index: i32,
+    log: &L,
+    load: u64,
+    now: fn() -> i64,
+) {
     let started = std::time::Instant::now();
-    let end = partition.high_watermark();
+    let end = log.high_watermark();
     // The log start reads see: a replica that applied a rewrite's log start may not have
     // moved its own log there yet, and reads below it are out of range.
-    let mut offset = partition.log_start();
+    let start = |log: &L| match unfix::loads_from_the_stored_start() {
+        true => log.stored_start(),
+        false => log.log_start(),
+    };
+    let mut offset = start(log);
     let mut records = 0usize;
-    let cfg = shard.config.group.clone();
     while offset < end {
-        let bytes = match partition.read(offset, LOAD_READ_BYTES, true).await {
-            Ok(r) => r.records,
-            Err(_) if partition.log_start() > offset => {
+        let bytes = match log.read_committed(offset, LOAD_READ_BYTES).await {
+            Ok(bytes) => bytes,
+            Err(_) if start(log) > offset => {
                 // The log start moved under the load (replicated: this replica applied a
                 // rewrite's log start): replay again from there, where the live state is
                 // whole, so nothing dropped before it comes back.
-                let mut coordinator = shard.groups.borrow_mut();
+                let mut coordinator = groups.borrow_mut();
                 if !coordinator.is_current_load(index, load) {
                     return;
                 }
                 coordinator.groups.retain(|_, g| g.partition != index);
-                offset = partition.log_start();
+                offset = log.log_start();
                 records = 0;
                 continue;
             }
@@ -511,7 +612,7 @@ pub async fn load(shard: Rc<Shard>, index: i32, partition: Rc<Partition>, load: 
             break;
         }
         let mut rest = &bytes[..];
-        let now = now_ms();
+        let now = now();
         while !rest.is_empty() {
             let header = match ferrolog_io::batch::verify(rest) {
                 Ok(h) => h,
@@ -521,13 +622,13 @@ pub async fn load(shard: Rc<Shard>, index: i32, partition: Rc<Partition>, load: 
                     return;
                 }
             };
-            let mut coordinator = shard.groups.borrow_mut();
+            let mut coordinator = groups.borrow_mut();
             if !coordinator.is_current_load(index, load) {
                 return; // unloaded (leadership moved, topic deleted) or loading again
             }
             let decoded = codec::decode_batch(&header, rest, |r| {
                 records += 1;
-                coordinator.replay(index, r, &cfg, now);
+                coordinator.replay(index, r, cfg, now);
             });
             if let Err(e) = decoded {
                 tracing::warn!(partition = index, offset = header.base_offset, error = %e,
@@ -537,7 +638,7 @@ pub async fn load(shard: Rc<Shard>, index: i32, partition: Rc<Partition>, load: 
             rest = &rest[header.total_bytes()..];
         }
     }
-    let mut coordinator = shard.groups.borrow_mut();
+    let mut coordinator = groups.borrow_mut();
     if !coordinator.is_current_load(index, load) {
         return;
     }
@@ -552,7 +653,7 @@ pub async fn load(shard: Rc<Shard>, index: i32, partition: Rc<Partition>, load: 
         }
     }
     coordinator.partitions.insert(index, true);
-    let groups = coordinator
+    let loaded = coordinator
         .groups
         .values()
         .filter(|g| g.partition == index)
@@ -560,20 +661,10 @@ pub async fn load(shard: Rc<Shard>, index: i32, partition: Rc<Partition>, load: 
     tracing::info!(
         partition = index,
         records,
-        groups,
+        groups = loaded,
         ms = started.elapsed().as_millis() as u64,
         "loaded offsets partition"
     );
-}
-
-/// Called when this shard stops coordinating an offsets partition (topic deleted, or its
-/// leadership moved to another node).
-pub fn unload(shard: &Shard, index: i32) {
-    let mut c = shard.groups.borrow_mut();
-    c.partitions.remove(&index);
-    c.loads.remove(&index);
-    c.loaded_epochs.remove(&index);
-    c.groups.retain(|_, g| g.partition != index);
 }
 
 /// Offsets partitions: this shard coordinates a partition's groups while it leads it (always,
@@ -589,31 +680,16 @@ pub fn follow_leadership(shard: &Rc<Shard>) {
         let Some(p) = offsets_partition(shard, index) else {
             continue; // another shard's or another node's
         };
-        let leads = p.is_leader();
-        let epoch = p.leader_epoch();
-        let loaded_epoch = shard.groups.borrow().loaded_epochs.get(&p.index).copied();
-        if leads && loaded_epoch.is_some_and(|e| e != epoch) {
-            unload(shard, p.index); // led again in a later term: load afresh
-        }
-        let coordinated = shard.groups.borrow().partitions.contains_key(&p.index);
-        if leads && !coordinated {
-            tracing::info!(
-                partition = p.index,
-                "leading an offsets partition: loading its groups"
-            );
-            let load_id = {
-                let mut c = shard.groups.borrow_mut();
-                c.loaded_epochs.insert(p.index, epoch);
-                c.start_loading(p.index)
-            };
-            glommio::spawn_local(load(shard.clone(), p.index, p, load_id)).detach();
-        } else if !leads && coordinated {
-            tracing::info!(
-                partition = p.index,
-                "no longer leading an offsets partition: its groups move"
-            );
-            unload(shard, p.index);
-        }
+        let (leads, epoch) = (p.is_leader(), p.leader_epoch());
+        let Some(load_id) = shard.groups.borrow_mut().follow(index, leads, epoch) else {
+            continue;
+        };
+        let shard = shard.clone();
+        glommio::spawn_local(async move {
+            let cfg = &shard.config.group;
+            load(&shard.groups, cfg, index, &*p, load_id, now_ms).await
+        })
+        .detach();
     }
 }
 
@@ -646,30 +722,35 @@ where
             let Some(partition) = s.partition(&tp) else {
                 return async { Err(BrokerError::NotCoordinator) }.boxed_local();
             };
-            if !partition.is_leader() {
-                return async { Err(BrokerError::NotCoordinator) }.boxed_local();
-            }
-            if !s.groups.borrow().is_loaded(tp.partition) {
-                return async { Err(BrokerError::CoordinatorLoadInProgress) }.boxed_local();
-            }
             async move {
-                // Without a current lease, another node may coordinate the group already.
-                partition
-                    .read_lease()
-                    .await
-                    .map_err(|_| BrokerError::NotCoordinator)?;
-                // The renewal may have waited: the lead may have moved, or a load begun.
-                if !partition.is_leader() {
-                    return Err(BrokerError::NotCoordinator);
-                }
-                if !s.groups.borrow().is_loaded(tp.partition) {
-                    return Err(BrokerError::CoordinatorLoadInProgress);
-                }
+                check_coordinator(&s.groups, tp.partition, &*partition).await?;
                 f(s, partition).await
             }
             .boxed_local()
         })
         .await
+}
+
+/// Whether this replica may serve the groups of offsets partition `index` (read from `log`)
+/// now: it leads the partition, has loaded its groups, and holds a lease, without which
+/// another node may coordinate them already. NOT_COORDINATOR sends the client to look the
+/// coordinator up again; COORDINATOR_LOAD_IN_PROGRESS makes it retry.
+pub async fn check_coordinator<L: OffsetsLog>(
+    groups: &RefCell<GroupCoordinator>,
+    index: i32,
+    log: &L,
+) -> Result<(), BrokerError> {
+    let serves = || match (log.is_leader(), groups.borrow().is_loaded(index)) {
+        (false, _) => Err(BrokerError::NotCoordinator),
+        (true, false) => Err(BrokerError::CoordinatorLoadInProgress),
+        (true, true) => Ok(()),
+    };
+    serves()?;
+    log.read_lease()
+        .await
+        .map_err(|_| BrokerError::NotCoordinator)?;
+    // The lease may have waited: the lead may have moved, or a load begun.
+    serves()
 }
 
 /// Runs `f` on every shard and collects the results (ListGroups).
@@ -695,12 +776,12 @@ where
 
 /// Appends coordinator records to the offsets partition now (so the log has them in the
 /// order the state changed) and returns a future that resolves once they are durable.
-pub fn append(
-    partition: &Rc<Partition>,
+pub fn append<L: OffsetsLog>(
+    log: &Rc<L>,
     records: &[CoordinatorRecord],
     now_ms: i64,
 ) -> LocalBoxFuture<'static, Result<(), BrokerError>> {
-    let landed = append_landed(partition, records, now_ms);
+    let landed = append_landed(log, records, now_ms);
     async move { landed.await.map(drop) }.boxed_local()
 }
 
@@ -708,13 +789,15 @@ pub fn append(
 pub type OffsetChange = ((String, i32), Option<OffsetValue>);
 
 /// Writes offset changes (commits, deletions) of group `group_id` to its offsets partition
-/// now, and applies them to the group once the write is durable (committed, when
-/// replicated). So OffsetFetch shows only offsets a failover keeps: a write that fails
-/// leaves the group as it was, and one that times out shows up only if a later load finds
-/// it committed. (Kafka's coordinator, too, reads offsets as of the last committed offset.)
-pub async fn write_offsets(
-    shard: &Shard,
-    partition: &Rc<Partition>,
+/// `index` (`log`) now, and applies them to the group in `groups` once the write is durable
+/// (committed, when replicated). So OffsetFetch shows only offsets a failover keeps: a write
+/// that fails leaves the group as it was, and one that times out shows up only if a later
+/// load finds it committed. (Kafka's coordinator, too, reads offsets as of the last
+/// committed offset.)
+pub async fn write_offsets<L: OffsetsLog>(
+    groups: &RefCell<GroupCoordinator>,
+    index: i32,
+    log: &Rc<L>,
     group_id: &str,
     changes: Vec<OffsetChange>,
     now_ms: i64,
@@ -728,10 +811,9 @@ pub async fn write_offsets(
             value: value.clone(),
         })
         .collect();
-    let index = partition.index;
     let keys: Vec<(String, i32)> = changes.iter().map(|(key, _)| key.clone()).collect();
     let (load, incarnation) = {
-        let mut c = shard.groups.borrow_mut();
+        let mut c = groups.borrow_mut();
         *c.offset_writes.entry(index).or_default() += 1;
         let incarnation = c.groups.get_mut(group_id).map(|g| {
             for key in &keys {
@@ -743,14 +825,20 @@ pub async fn write_offsets(
     };
     // Counts the write as pending until it settles, also when the request is dropped.
     let _pending = PendingOffsetWrite {
-        shard,
+        groups,
         index,
         group_id,
         incarnation,
         keys,
     };
-    let landed = append_landed(partition, &records, now_ms).await?;
-    let mut c = shard.groups.borrow_mut();
+    let landed = append_landed(log, &records, now_ms);
+    if unfix::offsets_shown_at_append() {
+        if let Some(g) = groups.borrow_mut().groups.get_mut(group_id) {
+            g.show_uncommitted(&changes);
+        }
+    }
+    let landed = landed.await?;
+    let mut c = groups.borrow_mut();
     // A load since (the lead moved away and back) replayed the log, this write included;
     // a group deleted since has the tombstones after it.
     let current = load.is_some_and(|load| c.is_current_load(index, load));
@@ -766,7 +854,7 @@ pub async fn write_offsets(
 
 /// An offset write in flight: `write_offsets` counts it in the group and the partition.
 struct PendingOffsetWrite<'a> {
-    shard: &'a Shard,
+    groups: &'a RefCell<GroupCoordinator>,
     index: i32,
     group_id: &'a str,
     incarnation: Option<u64>,
@@ -775,7 +863,7 @@ struct PendingOffsetWrite<'a> {
 
 impl Drop for PendingOffsetWrite<'_> {
     fn drop(&mut self) {
-        let mut c = self.shard.groups.borrow_mut();
+        let mut c = self.groups.borrow_mut();
         let n = c.offset_writes.get_mut(&self.index).expect("counted");
         assert!(*n > 0, "an offset write settles once");
         *n -= 1;
@@ -797,8 +885,8 @@ impl Drop for PendingOffsetWrite<'_> {
 }
 
 /// `append`, answering where the batch landed (`None`: nothing to write).
-fn append_landed(
-    partition: &Rc<Partition>,
+fn append_landed<L: OffsetsLog>(
+    log: &Rc<L>,
     records: &[CoordinatorRecord],
     now_ms: i64,
 ) -> LocalBoxFuture<'static, Result<Option<Appended>, BrokerError>> {
@@ -806,16 +894,8 @@ fn append_landed(
         return async { Ok(None) }.boxed_local();
     }
     let bytes = codec::encode_batch(records, now_ms);
-    let written = partition.append(&bytes, false, now_ms);
-    let partition = partition.clone();
-    async move {
-        let step = written.map_err(write_error)?;
-        step.finish(&partition.log, true)
-            .await
-            .map(Some)
-            .map_err(write_error)
-    }
-    .boxed_local()
+    let landed = log.append_batch(&bytes, now_ms);
+    async move { landed.await.map(Some).map_err(write_error) }.boxed_local()
 }
 
 /// Kafka's answers when the coordinator cannot write: a batch over max.message.bytes is
@@ -870,6 +950,38 @@ pub fn finish_classic(
     })
     .detach();
     done
+}
+
+/// Switches that undo one of the coordinator's fixes, for the simulator only
+/// (`ferrolog-sim --replica --groups --unfix f`), to show that its checker finds the defect.
+pub mod unfix {
+    use std::cell::Cell;
+
+    thread_local! {
+        static OFFSETS_SHOWN_AT_APPEND: Cell<bool> = const { Cell::new(false) };
+        static LOADS_FROM_THE_STORED_START: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// A load replays from the first offset the replica's log holds, not from the log start
+    /// reads see: a leader that applied a rewrite's log-start entry but has not moved its
+    /// log there yet fails the load, and its groups stay unavailable.
+    pub fn set_loads_from_the_stored_start(on: bool) {
+        LOADS_FROM_THE_STORED_START.with(|c| c.set(on));
+    }
+
+    pub(super) fn loads_from_the_stored_start() -> bool {
+        LOADS_FROM_THE_STORED_START.with(Cell::get)
+    }
+
+    /// Issue 17's defect f: OffsetFetch shows a committed offset as soon as its write is
+    /// appended, before it is durable, and nothing takes it back if the write is lost.
+    pub fn set_offsets_shown_at_append(on: bool) {
+        OFFSETS_SHOWN_AT_APPEND.with(|c| c.set(on));
+    }
+
+    pub(super) fn offsets_shown_at_append() -> bool {
+        OFFSETS_SHOWN_AT_APPEND.with(Cell::get)
+    }
 }
 
 /// Longest string a coordinator record can hold (Kafka writes them with an int16 length).
@@ -964,14 +1076,9 @@ pub async fn tick_loop(shard: Rc<Shard>) {
     }
 }
 
-/// `__consumer_offsets` is compacted in Kafka; ferrolog has no log compaction yet, so the
-/// coordinator bounds its partitions itself: once a partition holds more than twice its live
-/// records (plus some slack), it appends all live records again and, once they are durable
-/// (committed, when replicated), moves the log start to them, which deletes the older
-/// segments (on every replica, through a Raft entry, see `Partition::move_log_start`). A
-/// load then replays the live state and what came after it. Not while an offset write of
-/// the partition is in flight (its value would land before the older one in the copy);
-/// returns the partitions put off for that. `only`: look at these partitions alone.
+/// Rewrites the live state of this shard's offsets partitions that need it (`rewrite`);
+/// `only`: look at these partitions alone. Returns the partitions put off for an offset
+/// write in flight.
 fn snapshot_partitions(shard: &Rc<Shard>, now: i64, only: Option<&[i32]>) -> Vec<i32> {
     let mut put_off = Vec::new();
     let indexes: Vec<i32> = shard
@@ -986,58 +1093,104 @@ fn snapshot_partitions(shard: &Rc<Shard>, now: i64, only: Option<&[i32]>) -> Vec
         let Some(partition) = offsets_partition(shard, index) else {
             continue;
         };
-        let logged = partition.log.end_offset() - partition.log.start_offset();
-        let live = shard.groups.borrow().live_record_count(index);
-        if logged <= 2 * live as i64 + SNAPSHOT_SLACK_RECORDS {
-            continue;
+        match rewrite(
+            &shard.groups,
+            index,
+            &partition,
+            SNAPSHOT_SLACK_RECORDS,
+            now,
+        ) {
+            Rewrite::Unneeded => {}
+            Rewrite::PutOff => put_off.push(index),
+            Rewrite::Started(done) => drop(glommio::spawn_local(done).detach()),
         }
-        if shard.groups.borrow().offset_writes.get(&index) > Some(&0) {
-            put_off.push(index);
-            continue;
+    }
+    put_off
+}
+
+/// What `rewrite` did.
+pub enum Rewrite {
+    /// The partition holds no more than twice its live records, plus the slack.
+    Unneeded,
+    /// Put off: an offset write of the partition is in flight, and its value would land
+    /// before the older one in the copy.
+    PutOff,
+    /// The live state is appended again; run this to move the log start to it once it is
+    /// durable. It answers whether the log start moved.
+    Started(LocalBoxFuture<'static, bool>),
+}
+
+/// `__consumer_offsets` is compacted in Kafka; ferrolog has no log compaction yet, so the
+/// coordinator bounds its partitions itself: once offsets partition `index` (read from `log`)
+/// holds more than twice its live records plus `slack`, it appends all live records again
+/// and, once they are durable (committed, when replicated), moves the log start to them,
+/// which deletes the older segments (on every replica, through a Raft entry, see
+/// `Partition::move_log_start`). A load then replays the live state and what came after it.
+pub fn rewrite<L: OffsetsLog + 'static>(
+    groups: &RefCell<GroupCoordinator>,
+    index: i32,
+    log: &Rc<L>,
+    slack: i64,
+    now: i64,
+) -> Rewrite {
+    let logged = log.log_end() - log.stored_start();
+    let live = groups.borrow().live_record_count(index);
+    if logged <= 2 * live as i64 + slack {
+        return Rewrite::Unneeded;
+    }
+    if groups.borrow().offset_writes.get(&index) > Some(&0) {
+        return Rewrite::PutOff;
+    }
+    let records = groups.borrow().live_records(index);
+    let mut writes = Vec::new();
+    let mut batch: Vec<CoordinatorRecord> = Vec::new();
+    let mut batch_bytes = 0;
+    for r in records {
+        let (k, v) = r.encode();
+        let size = k.len() + v.map_or(0, |v| v.len());
+        if !batch.is_empty() && batch_bytes + size > SNAPSHOT_BATCH_BYTES {
+            writes.push(append_landed(log, &batch, now));
+            batch.clear();
+            batch_bytes = 0;
         }
-        let records = shard.groups.borrow().live_records(index);
-        let mut writes = Vec::new();
-        let mut batch: Vec<CoordinatorRecord> = Vec::new();
-        let mut batch_bytes = 0;
-        for r in records {
-            let (k, v) = r.encode();
-            let size = k.len() + v.map_or(0, |v| v.len());
-            if !batch.is_empty() && batch_bytes + size > SNAPSHOT_BATCH_BYTES {
-                writes.push(append_landed(&partition, &batch, now));
-                batch.clear();
-                batch_bytes = 0;
-            }
-            batch.push(r);
-            batch_bytes += size;
-        }
-        if !batch.is_empty() {
-            writes.push(append_landed(&partition, &batch, now));
-        }
-        // The log is to start at the copy's first batch; with no live state at all,
-        // everything up to the HW goes.
-        let mut start = partition.high_watermark();
-        glommio::spawn_local(async move {
+        batch.push(r);
+        batch_bytes += size;
+    }
+    if !batch.is_empty() {
+        writes.push(append_landed(log, &batch, now));
+    }
+    // The log is to start at the copy's first batch; with no live state at all,
+    // everything up to the HW goes.
+    let mut start = log.high_watermark();
+    let log = log.clone();
+    Rewrite::Started(
+        async move {
             for (i, w) in writes.into_iter().enumerate() {
                 match w.await {
                     Ok(Some(landed)) if i == 0 => start = landed.base_offset,
                     Ok(_) => {}
-                    Err(_) => return,
+                    Err(_) => return false,
                 }
             }
-            match partition.move_log_start(start, now).await {
-                Ok(_) => tracing::info!(
-                    partition = index,
-                    live_records = live,
-                    replaced_records = logged,
-                    "rewrote the live state of an offsets partition and dropped what it replaces"
-                ),
-                Err(e) => tracing::warn!(partition = index, error = %e,
-                    "could not move the offsets partition's log start"),
+            match log.move_log_start(start, now).await {
+                Ok(_) => {
+                    tracing::info!(
+                        partition = index,
+                        live_records = live,
+                        replaced_records = logged,
+                        "rewrote the live state of an offsets partition and dropped what it replaces"
+                    );
+                    true
+                }
+                Err(e) => {
+                    tracing::warn!(partition = index, error = %e,
+                        "could not move the offsets partition's log start");
+                    false
+                }
             }
-        })
-        .detach();
-    }
-    put_off
+        }
+        .boxed_local(),
+    )
 }
 
 /// Writes whose outcome nobody waits for (a failure is logged by `append`).

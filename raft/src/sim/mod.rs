@@ -164,6 +164,15 @@ pub struct Checker {
     deletes: Cell<u64>,
     /// Batches consumers read.
     reads: Cell<u64>,
+    /// Committed offsets (`ferrolog-sim --replica --groups`): per committer, the highest
+    /// offset it sent, and the highest clients were shown (its commit acknowledged, or an
+    /// OffsetFetch answered with it).
+    offsets: RefCell<BTreeMap<u32, (i64, i64)>>,
+    /// Offset commits acknowledged, and OffsetFetch answers checked.
+    offset_commits: Cell<u64>,
+    offset_fetches: Cell<u64>,
+    /// Rewrites of the offsets partition's live state that moved its log start.
+    rewrites: Cell<u64>,
 }
 
 impl Checker {
@@ -348,6 +357,60 @@ impl Checker {
         self.shown(offset);
     }
 
+    /// The coordinator rewrote the live state and moved the log start past the older
+    /// records (`--groups`).
+    pub fn rewrote(&self) {
+        self.rewrites.set(self.rewrites.get() + 1);
+    }
+
+    /// Committer `committer` sent a commit of `offset`.
+    pub fn offset_sent(&self, committer: u32, offset: i64) {
+        let mut offsets = self.offsets.borrow_mut();
+        let o = offsets.entry(committer).or_insert((-1, -1));
+        o.0 = o.0.max(offset);
+    }
+
+    /// The highest offset of `committer` clients have been shown: an OffsetFetch asked now
+    /// must answer at least that.
+    pub fn offset_shown(&self, committer: u32) -> i64 {
+        self.offsets.borrow().get(&committer).map_or(-1, |o| o.1)
+    }
+
+    /// Committer `committer`'s commit of `offset` was acknowledged.
+    pub fn offset_committed(&self, committer: u32, offset: i64) {
+        self.offset_commits.set(self.offset_commits.get() + 1);
+        self.show_offset(committer, offset);
+    }
+
+    fn show_offset(&self, committer: u32, offset: i64) {
+        self.mix(u64::from(committer) << 48 ^ offset as u64);
+        let mut offsets = self.offsets.borrow_mut();
+        let o = offsets.entry(committer).or_insert((-1, -1));
+        o.1 = o.1.max(offset);
+    }
+
+    /// Node `node` answered an OffsetFetch of `committer`'s offset with `offset` (-1: none);
+    /// `shown` had been shown when it was asked (`offset_shown`). A committed offset a
+    /// client was shown survives every fault: no later answer is lower ("regressed"), and
+    /// none names an offset never sent ("invented").
+    pub fn offset_fetched(&self, node: NodeId, committer: u32, shown: i64, offset: i64) {
+        self.offset_fetches.set(self.offset_fetches.get() + 1);
+        let sent = self.offsets.borrow().get(&committer).map_or(-1, |o| o.0);
+        if offset < shown {
+            self.violation(format!(
+                "regressed: node {node} answered an OffsetFetch of committer {committer} with \
+                 {offset}, after {shown} was committed or shown"
+            ));
+        }
+        if offset > sent {
+            self.violation(format!(
+                "invented: node {node} answered an OffsetFetch of committer {committer} with \
+                 {offset}, never sent (the highest sent is {sent})"
+            ));
+        }
+        self.show_offset(committer, offset);
+    }
+
     pub fn violation(&self, what: String) {
         let mut v = self.violations.borrow_mut();
         // One report per kind of failure is enough to shrink on; the rest repeat it.
@@ -482,6 +545,10 @@ pub struct Outcome {
     /// Batches consumers read, and DeleteRecords answered.
     pub reads: u64,
     pub deletes: u64,
+    /// Offset commits acknowledged, and OffsetFetch answers checked (`--groups`).
+    pub offset_commits: u64,
+    pub offset_fetches: u64,
+    pub rewrites: u64,
     pub fingerprint: u64,
 }
 
@@ -1306,6 +1373,9 @@ fn run_world(options: &Options) -> Outcome {
         snapshots_installed: world.net.snapshots_installed.get(),
         reads: checker.reads.get(),
         deletes: checker.deletes.get(),
+        offset_commits: checker.offset_commits.get(),
+        offset_fetches: checker.offset_fetches.get(),
+        rewrites: checker.rewrites.get(),
         fingerprint: checker.fingerprint.get(),
     };
     for n in NODES {

@@ -148,7 +148,7 @@ async fn commit(
                     codes.push(0);
                 }
             }
-            group::write_offsets(&s, &partition, &id, changes, now).await?;
+            group::write_offsets(&s.groups, partition.index, &partition, &id, changes, now).await?;
             Ok(codes)
         }
         .boxed_local()

@@ -98,7 +98,8 @@ async fn delete(
                     }
                 }
             }
-            group::write_offsets(&s, &partition, &gid, changes, now).await?;
+            group::write_offsets(&s.groups, partition.index, &partition, &gid, changes, now)
+                .await?;
             Ok(subscribed_flags)
         }
         .boxed_local()

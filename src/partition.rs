@@ -54,6 +54,9 @@ impl OffsetsLog for Partition {
     fn is_leader(&self) -> bool {
         Partition::is_leader(self)
     }
+    fn leader_epoch(&self) -> i32 {
+        Partition::leader_epoch(self)
+    }
     fn read_lease(&self) -> LocalBoxFuture<'_, Result<(), BrokerError>> {
         Partition::read_lease(self).boxed_local()
     }

@@ -78,7 +78,7 @@ use ferrolog_raft::sim::net::{Factory, Net};
 use ferrolog_raft::sim::runtime::{random_u64, spawn_on, NodeId, SimInstant, SimRuntime};
 use ferrolog_raft::sim::store::{batch_of, record_in, record_of};
 use ferrolog_raft::sim::{
-    retention, tend, Checker, ClientCtx, Mode, NodeCtx, Record, SimRaft, DIR, NODES,
+    retention, tend, Checker, ClientCtx, Mode, NodeCtx, Record, SimRaft, CLIENTS, DIR, NODES,
 };
 use ferrolog_raft::store::Clock;
 use ferrolog_raft::wire::{GroupId, Handover};
@@ -212,6 +212,9 @@ struct Node {
 impl OffsetsLog for Node {
     fn is_leader(&self) -> bool {
         self.replica.is_leader()
+    }
+    fn leader_epoch(&self) -> i32 {
+        self.replica.leader_epoch()
     }
     fn read_lease(&self) -> LocalBoxFuture<'_, Result<(), BrokerError>> {
         self.replica.read_lease().boxed_local()
@@ -468,6 +471,28 @@ impl Mode for ReplicaMode {
     fn self_initializing(&self) -> bool {
         // The first replica of a new partition initializes its group (`Replica::open`).
         true
+    }
+
+    /// With `--groups`: every committed offset a client was shown survived the power loss,
+    /// read on the node that leads and has loaded the groups since (as an OffsetFetch would
+    /// be answered, without the request's faults).
+    fn settled(&self, checker: &Checker) {
+        if !self.groups {
+            return;
+        }
+        let nodes = self.nodes.borrow();
+        let coordinator = nodes.iter().find(|(_, n)| {
+            n.replica.is_leader() && n.groups.borrow().is_loaded_in(0, n.replica.leader_epoch())
+        });
+        let Some((&id, node)) = coordinator else {
+            checker
+                .violation("unrecovered: no node coordinates the groups after a power loss".into());
+            return;
+        };
+        for committer in checker.committers() {
+            let shown = checker.offset_shown(committer);
+            checker.offset_fetched(id, committer, shown, committed_offset(node, committer));
+        }
     }
 
     fn flags(&self) -> String {
@@ -918,12 +943,17 @@ async fn commit_offset(node: Rc<Node>, committer: u32, offset: i64) -> Result<()
 /// handler does (`group::on_group`, then the group's offsets).
 async fn fetch_offset(node: Rc<Node>, committer: u32) -> Result<i64, BrokerError> {
     group::check_coordinator(&node.groups, 0, &*node).await?;
+    Ok(committed_offset(&node, committer))
+}
+
+/// Committer `committer`'s position as the node's coordinator holds it (-1: none).
+fn committed_offset(node: &Node, committer: u32) -> i64 {
     let groups = node.groups.borrow();
     let key = (TOPIC.to_string(), committer as i32);
     let group = groups.groups.get(&format!("g{committer}"));
-    Ok(group
+    group
         .and_then(|g| g.offsets.get(&key))
-        .map_or(-1, |v| v.offset))
+        .map_or(-1, |v| v.offset)
 }
 
 /// A consumer that commits its position (`--groups`): committer `id` commits offsets 1, 2,
@@ -993,7 +1023,7 @@ async fn offset_fetcher(ctx: ClientCtx, nodes: Nodes) {
     } = ctx;
     let mut target = random_node();
     while !stop.get() {
-        let committer = (random_u64() % 3) as u32;
+        let committer = (random_u64() % u64::from(CLIENTS)) as u32;
         let shown = checker.offset_shown(committer);
         let node = nodes.borrow().get(&target).cloned();
         let (tx, rx) = futures::channel::oneshot::channel();

@@ -85,8 +85,11 @@ struct Args {
     replica: bool,
     /// With `--replica`: the partition is an offsets partition, written by the broker's
     /// group coordinator (its loads, offset writes and leadership checks) for consumers
-    /// that commit their positions, read back by OffsetFetch, instead of producers'.
-    #[arg(long, requires = "replica")]
+    /// that commit their positions, read back by OffsetFetch, instead of producers'. Not
+    /// with `--deaf`: a committer waits for each answer (so a late commit cannot land after
+    /// the next one), and one sent to a deaf leader waits for its commit timeout, longer
+    /// than the checks for writes during a deaf fault allow.
+    #[arg(long, requires = "replica", conflicts_with = "deaf")]
     groups: bool,
     /// With `--seed`: run only these events of its schedule (comma-separated indexes).
     #[arg(long, requires = "seed")]

@@ -73,6 +73,8 @@ pub fn is_internal_topic(name: &str) -> bool {
 pub trait OffsetsLog {
     /// Whether this replica leads the partition, and so coordinates its groups.
     fn is_leader(&self) -> bool;
+    /// The leader epoch this replica knows (0 with one replica).
+    fn leader_epoch(&self) -> i32;
     /// Waits for a current lease: no other replica leads while it holds.
     fn read_lease(&self) -> LocalBoxFuture<'_, Result<(), BrokerError>>;
     /// The offset after the last committed batch.
@@ -333,6 +335,13 @@ impl GroupCoordinator {
 
     pub fn is_loaded(&self, partition: i32) -> bool {
         self.partitions.get(&partition).copied().unwrap_or(false)
+    }
+
+    /// Whether `partition`'s groups are loaded, and were loaded in leader epoch `epoch`: a
+    /// replica that lost and regained the lead since its load (between two looks of
+    /// `follow`) may have missed another leader's writes, and waits for its next load.
+    pub fn is_loaded_in(&self, partition: i32, epoch: i32) -> bool {
+        self.is_loaded(partition) && self.loaded_epochs.get(&partition) == Some(&epoch)
     }
 
     /// Whether any partition is still loading (ListGroups reports it).
@@ -740,7 +749,8 @@ pub async fn check_coordinator<L: OffsetsLog>(
     index: i32,
     log: &L,
 ) -> Result<(), BrokerError> {
-    let serves = || match (log.is_leader(), groups.borrow().is_loaded(index)) {
+    let loaded = || groups.borrow().is_loaded_in(index, log.leader_epoch());
+    let serves = || match (log.is_leader(), loaded()) {
         (false, _) => Err(BrokerError::NotCoordinator),
         (true, false) => Err(BrokerError::CoordinatorLoadInProgress),
         (true, true) => Ok(()),
@@ -1133,6 +1143,11 @@ pub fn rewrite<L: OffsetsLog + 'static>(
     slack: i64,
     now: i64,
 ) -> Rewrite {
+    // Memory loaded in an earlier epoch may lack another leader's writes: it is not the
+    // live state to copy.
+    if !groups.borrow().is_loaded_in(index, log.leader_epoch()) {
+        return Rewrite::Unneeded;
+    }
     let logged = log.log_end() - log.stored_start();
     let live = groups.borrow().live_record_count(index);
     if logged <= 2 * live as i64 + slack {

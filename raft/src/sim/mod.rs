@@ -111,7 +111,7 @@ openraft::declare_raft_types!(
 
 /// The nodes of the group (node 0 is where the clients run; it never fails).
 pub const NODES: [NodeId; 3] = [1, 2, 3];
-const CLIENTS: u32 = 3;
+pub const CLIENTS: u32 = 3;
 /// How long a client waits for an acknowledgement before it gives the record up.
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The partition directory on every node's disk.
@@ -376,10 +376,18 @@ impl Checker {
         self.offsets.borrow().get(&committer).map_or(-1, |o| o.1)
     }
 
-    /// Committer `committer`'s commit of `offset` was acknowledged.
+    /// Committer `committer`'s commit of `offset` was acknowledged: a write, for the
+    /// checks that the group takes writes.
     pub fn offset_committed(&self, committer: u32, offset: i64) {
         self.offset_commits.set(self.offset_commits.get() + 1);
+        let now = <SimInstant as openraft::async_runtime::Instant>::now();
+        self.ack_times.borrow_mut().push(now);
         self.show_offset(committer, offset);
+    }
+
+    /// The committers whose offsets clients were shown.
+    pub fn committers(&self) -> Vec<u32> {
+        self.offsets.borrow().keys().copied().collect()
     }
 
     fn show_offset(&self, committer: u32, offset: i64) {
@@ -951,6 +959,9 @@ pub trait Mode: fmt::Debug {
     }
     /// The ferrolog-sim flags that select it.
     fn flags(&self) -> String;
+    /// Checks the state the nodes settled in after the final power loss (the clients have
+    /// stopped), reporting to `checker`.
+    fn settled(&self, _checker: &Checker) {}
 }
 
 /// What a node starts with (`Mode::start`).
@@ -1361,6 +1372,7 @@ fn run_world(options: &Options) -> Outcome {
     world.sim.run_until(world.sim.now() + SETTLE);
     converged(&world, "after a power loss");
     acked_survived(&mut world, true);
+    world.mode.settled(&world.checker);
     writable_while_deaf(&world.checker, start, &events);
 
     let outcome = Outcome {

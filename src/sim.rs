@@ -898,9 +898,6 @@ async fn rewriter(id: NodeId, node: Rc<Node>, checker: Rc<Checker>) {
     loop {
         SimRuntime::sleep(pause).await;
         pause = Duration::from_millis(1000 + random_u64() % 3000);
-        if !node.groups.borrow().is_loaded(0) {
-            continue;
-        }
         match group::rewrite(&node.groups, 0, &node, REWRITE_SLACK_RECORDS, now_ms()) {
             group::Rewrite::Unneeded => {}
             group::Rewrite::PutOff => pause = Duration::from_millis(100),

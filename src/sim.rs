@@ -60,6 +60,7 @@
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::path::Path;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -82,6 +83,7 @@ use ferrolog_raft::sim::{
 };
 use ferrolog_raft::store::Clock;
 use ferrolog_raft::wire::{GroupId, Handover};
+use futures::channel::oneshot::{self, Canceled};
 use futures::future::LocalBoxFuture;
 use futures::FutureExt;
 
@@ -560,6 +562,34 @@ fn redirect(node: Option<Rc<Node>>, target: NodeId) -> NodeId {
     hint.filter(|&l| l != target).unwrap_or_else(random_node)
 }
 
+/// Sends a request to node `target`, whose running partition is `node` (None: not running,
+/// so nothing ever answers): it reaches the node after the network's delay and runs there
+/// (`handle`), and its answer takes another delay back. A crash of the node meanwhile drops
+/// the request, and the answer is Err.
+fn request<T, F>(
+    net: &Rc<Net>,
+    target: NodeId,
+    node: Option<Rc<Node>>,
+    handle: impl FnOnce(Rc<Node>) -> F + 'static,
+) -> LocalBoxFuture<'static, Result<T, Canceled>>
+where
+    T: 'static,
+    F: Future<Output = T> + 'static,
+{
+    let Some(node) = node else {
+        return futures::future::pending().boxed_local();
+    };
+    let (tx, rx) = oneshot::channel();
+    let net = net.clone();
+    spawn_on(target, async move {
+        SimRuntime::sleep(network_delay(&net)).await;
+        let answer = handle(node).await;
+        SimRuntime::sleep(network_delay(&net)).await;
+        let _ = tx.send(answer);
+    });
+    rx.boxed_local()
+}
+
 /// The batch of `record` as idempotent producer `producer_id` (epoch 0) sends it, starting at
 /// sequence `sequence`; the record's identity is in its timestamp (`batch_of`).
 fn idempotent_batch(record: Record, producer_id: i64, sequence: i32) -> (Bytes, BatchHeader) {
@@ -592,16 +622,10 @@ async fn producer(id: u32, ctx: ClientCtx, nodes: Nodes) {
         let (bytes, header) = idempotent_batch(record, producer_id, sequence);
         while !stop.get() {
             let node = nodes.borrow().get(&target).cloned();
-            let (tx, rx) = futures::channel::oneshot::channel();
-            if let Some(node) = node.clone() {
-                let (bytes, net) = (bytes.clone(), net.clone());
-                spawn_on(target, async move {
-                    SimRuntime::sleep(network_delay(&net)).await;
-                    let answer = produce(node, bytes, header).await;
-                    SimRuntime::sleep(network_delay(&net)).await;
-                    let _ = tx.send(answer);
-                });
-            }
+            let bytes = bytes.clone();
+            let rx = request(&net, target, node.clone(), move |n| {
+                produce(n, bytes, header)
+            });
             let timeout = Duration::from_millis(300 + random_u64() % 2700);
             let answer = SimRuntime::timeout(timeout, rx).await;
             match answer {
@@ -723,20 +747,13 @@ async fn consumer(id: u32, ctx: ClientCtx, nodes: Nodes) {
     while !stop.get() {
         let node = nodes.borrow().get(&target).cloned();
         let visible = checker.visible();
-        let (tx, rx) = futures::channel::oneshot::channel();
-        if let Some(node) = node.clone() {
-            let net = net.clone();
-            spawn_on(target, async move {
-                SimRuntime::sleep(network_delay(&net)).await;
-                let answer = match ask {
-                    Ask::Fetch(offset) => fetch(node, offset).await.map(Answer::Fetched),
-                    Ask::Earliest => list_offset(node, true).await.map(Answer::Offset),
-                    Ask::Latest => list_offset(node, false).await.map(Answer::Offset),
-                };
-                SimRuntime::sleep(network_delay(&net)).await;
-                let _ = tx.send(answer);
-            });
-        }
+        let rx = request(&net, target, node.clone(), move |node| async move {
+            match ask {
+                Ask::Fetch(offset) => fetch(node, offset).await.map(Answer::Fetched),
+                Ask::Earliest => list_offset(node, true).await.map(Answer::Offset),
+                Ask::Latest => list_offset(node, false).await.map(Answer::Offset),
+            }
+        });
         let pause = match SimRuntime::timeout(Duration::from_secs(3), rx).await {
             Ok(Ok(Ok(Answer::Fetched(fetched)))) => {
                 let Ask::Fetch(from) = ask else {
@@ -837,16 +854,7 @@ async fn deleter(ctx: ClientCtx, nodes: Nodes) {
         SimRuntime::sleep(Duration::from_millis(1000 + random_u64() % 4000)).await;
         let node = nodes.borrow().get(&target).cloned();
         let live: Vec<NodeId> = nodes.borrow().keys().copied().collect();
-        let (tx, rx) = futures::channel::oneshot::channel();
-        if let Some(node) = node.clone() {
-            let net = net.clone();
-            spawn_on(target, async move {
-                SimRuntime::sleep(network_delay(&net)).await;
-                let answer = delete_records(node, live).await;
-                SimRuntime::sleep(network_delay(&net)).await;
-                let _ = tx.send(answer);
-            });
-        }
+        let rx = request(&net, target, node.clone(), move |n| delete_records(n, live));
         match SimRuntime::timeout(Duration::from_secs(10), rx).await {
             Ok(Ok(Ok((offset, low)))) => checker.deleted(target, offset, low),
             Ok(Ok(Err(BrokerError::NotLeaderOrFollower))) => {
@@ -970,21 +978,16 @@ async fn committer(id: u32, ctx: ClientCtx, nodes: Nodes) {
     let mut offset = 1i64;
     while !stop.get() {
         let node = nodes.borrow().get(&target).cloned();
-        let (tx, rx) = futures::channel::oneshot::channel();
         checker.offset_sent(id, offset);
-        if let Some(node) = node.clone() {
-            let net = net.clone();
-            spawn_on(target, async move {
-                SimRuntime::sleep(network_delay(&net)).await;
-                let answer = commit_offset(node, id, offset).await;
-                SimRuntime::sleep(network_delay(&net)).await;
-                let _ = tx.send(answer);
-            });
-        } else {
-            drop(tx); // no such node running: nothing answers
-        }
-        let a = rx.await;
-        let pause = match a {
+        // Waits for the answer itself (see above), but not for a node that is not running.
+        let answer = match node.clone() {
+            Some(running) => {
+                let commit = move |n| commit_offset(n, id, offset);
+                request(&net, target, Some(running), commit).await
+            }
+            None => Err(Canceled),
+        };
+        let pause = match answer {
             Ok(Ok(())) => {
                 checker.offset_committed(id, offset);
                 last_ack.set(SimInstant::now());
@@ -1023,16 +1026,9 @@ async fn offset_fetcher(ctx: ClientCtx, nodes: Nodes) {
         let committer = (random_u64() % u64::from(CLIENTS)) as u32;
         let shown = checker.offset_shown(committer);
         let node = nodes.borrow().get(&target).cloned();
-        let (tx, rx) = futures::channel::oneshot::channel();
-        if let Some(node) = node.clone() {
-            let net = net.clone();
-            spawn_on(target, async move {
-                SimRuntime::sleep(network_delay(&net)).await;
-                let answer = fetch_offset(node, committer).await;
-                SimRuntime::sleep(network_delay(&net)).await;
-                let _ = tx.send(answer);
-            });
-        }
+        let rx = request(&net, target, node.clone(), move |n| {
+            fetch_offset(n, committer)
+        });
         let pause = match SimRuntime::timeout(Duration::from_secs(3), rx).await {
             Ok(Ok(Ok(offset))) => {
                 checker.offset_fetched(target, committer, shown, offset);

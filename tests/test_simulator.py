@@ -104,19 +104,24 @@ UNFIXED_REPLICA = {
 }
 
 
-@pytest.mark.parametrize("fix", sorted(UNFIXED_REPLICA))
-def test_undoing_a_fix_of_the_replica_is_found_shrunk_and_replayed(fix):
-    seed, finding = UNFIXED_REPLICA[fix]
-    run = simulate(["scripts/simulate.sh", "--replica", "--seed", seed, "--unfix", fix])
+def assert_found_shrunk_and_replayed(mode, fix, seed, finding):
+    """With `fix` undone, the world `mode` (ferrolog-sim flags) fails `seed` with `finding`,
+    prints a shrunk command that replays the failure, and passes the seed with the fix."""
+    run = simulate(["scripts/simulate.sh", *mode, "--seed", seed, "--unfix", fix])
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
     assert re.search(finding, run.stdout), run.stdout[-3000:]
     reproduce = re.search(r"reproduce: ferrolog-sim (.*)", run.stdout)
-    assert reproduce and f"--replica --unfix {fix}" in reproduce.group(1), run.stdout[-3000:]
+    assert reproduce and f"{' '.join(mode)} --unfix {fix}" in reproduce.group(1), run.stdout[-3000:]
     replay = simulate(["scripts/simulate.sh", *shlex.split(reproduce.group(1)), "--no-shrink"])
     assert replay.returncode == 1, replay.stdout[-3000:]
     assert re.search(finding, replay.stdout), replay.stdout[-3000:]
-    fixed = simulate(["scripts/simulate.sh", "--replica", "--seed", seed])
+    fixed = simulate(["scripts/simulate.sh", *mode, "--seed", seed])
     assert fixed.returncode == 0, fixed.stdout[-3000:]
+
+
+@pytest.mark.parametrize("fix", sorted(UNFIXED_REPLICA))
+def test_undoing_a_fix_of_the_replica_is_found_shrunk_and_replayed(fix):
+    assert_found_shrunk_and_replayed(["--replica"], fix, *UNFIXED_REPLICA[fix])
 
 
 # Each fix of the Raft store undone, a seed that finds it, and what the checker reports.
@@ -170,17 +175,7 @@ UNFIXED_GROUPS = {
 
 @pytest.mark.parametrize("fix", sorted(UNFIXED_GROUPS))
 def test_undoing_a_fix_of_the_group_coordinator_is_found_shrunk_and_replayed(fix):
-    seed, finding = UNFIXED_GROUPS[fix]
-    run = simulate(["scripts/simulate.sh", "--replica", "--groups", "--seed", seed, "--unfix", fix])
-    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
-    assert re.search(finding, run.stdout), run.stdout[-3000:]
-    reproduce = re.search(r"reproduce: ferrolog-sim (.*)", run.stdout)
-    assert reproduce and f"--replica --groups --unfix {fix}" in reproduce.group(1), run.stdout[-3000:]
-    replay = simulate(["scripts/simulate.sh", *shlex.split(reproduce.group(1)), "--no-shrink"])
-    assert replay.returncode == 1, replay.stdout[-3000:]
-    assert re.search(finding, replay.stdout), replay.stdout[-3000:]
-    fixed = simulate(["scripts/simulate.sh", "--replica", "--groups", "--seed", seed])
-    assert fixed.returncode == 0, fixed.stdout[-3000:]
+    assert_found_shrunk_and_replayed(["--replica", "--groups"], fix, *UNFIXED_GROUPS[fix])
 
 
 def test_the_readme_log_command_passes_its_seeds():

@@ -25,6 +25,8 @@ use std::time::Duration;
 
 use glommio::io::{BufferedFile, DmaBuffer, DmaFile, ReadResult};
 
+use crate::read_gate;
+
 /// What a log needs of its disk and executor. Everything runs on one thread, so nothing here
 /// needs to be `Send`.
 #[allow(async_fn_in_trait)] // single-threaded by design: no caller needs `Send` futures
@@ -85,7 +87,8 @@ pub trait WriteBuf {
     fn bytes_mut(&mut self) -> &mut [u8];
 }
 
-/// The broker's file system: glommio on the shard's executor.
+/// The broker's file system: glommio on the shard's executor. Its Direct I/O reads give way
+/// to the shard's writes through [`read_gate`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct GlommioFs;
 
@@ -266,12 +269,14 @@ impl FsFile for DmaFile {
     }
 
     async fn write_at(&self, buf: DmaBuffer, pos: u64) -> io::Result<usize> {
+        let _writing = read_gate::Writing::start();
         DmaFile::write_at(self, buf, pos)
             .await
             .map_err(io::Error::from)
     }
 
     async fn fdatasync(&self) -> io::Result<()> {
+        let _writing = read_gate::Writing::start();
         DmaFile::fdatasync(self).await.map_err(io::Error::from)
     }
 
@@ -319,6 +324,7 @@ impl FsReader for GlommioReader {
                 let align = f.alignment().max(4096);
                 let aligned = pos / align * align;
                 let skip = (pos - aligned) as usize;
+                let _turn = read_gate::read_turn((skip + len) as u64).await;
                 let r = f
                     .read_at(aligned, skip + len)
                     .await

@@ -15,6 +15,7 @@ pub mod batch;
 pub mod fs;
 pub mod log;
 pub mod pool;
+pub mod read_gate;
 mod segment;
 
 pub use fs::{Fs, GlommioFs};

@@ -87,8 +87,8 @@ pub trait WriteBuf {
     fn bytes_mut(&mut self) -> &mut [u8];
 }
 
-/// The broker's file system: glommio on the shard's executor. Its Direct I/O reads give way
-/// to the shard's writes through [`read_gate`].
+/// The broker's file system: glommio on the shard's executor. Its reads give way to the
+/// shard's writes through [`read_gate`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct GlommioFs;
 
@@ -316,7 +316,11 @@ impl FsReader for GlommioReader {
 
     async fn read_at(&self, pos: u64, len: usize) -> io::Result<ReadResult> {
         match self {
-            GlommioReader::Buffered(f) => f.read_at(pos, len).await.map_err(io::Error::from),
+            GlommioReader::Buffered(f) => {
+                // The log writes with Direct I/O, so these miss the page cache: disk reads too.
+                let _turn = read_gate::read_turn(len as u64).await;
+                f.read_at(pos, len).await.map_err(io::Error::from)
+            }
             GlommioReader::Direct(f) => {
                 // Read from an aligned position (at least a page, as the log writes) and cut
                 // the front off here: glommio's own cut of an unaligned read near the end of
@@ -324,7 +328,10 @@ impl FsReader for GlommioReader {
                 let align = f.alignment().max(4096);
                 let aligned = pos / align * align;
                 let skip = (pos - aligned) as usize;
-                let _turn = read_gate::read_turn((skip + len) as u64).await;
+                // glommio reads whole aligned blocks: count those.
+                let _turn =
+                    read_gate::read_turn((skip + len).next_multiple_of(align as usize) as u64)
+                        .await;
                 let r = f
                     .read_at(aligned, skip + len)
                     .await

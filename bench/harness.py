@@ -22,6 +22,8 @@ Phases:
   3  many-partitions                  (on a loop-mounted scratch filesystem)
   4  replicated                       (3 nodes of each configuration, RF=3: throughput,
                                        latency at a fixed rate, many idle partitions)
+  5  flame-graphs                     (ferrolog only, in a session of its own: perf record
+                                       under max-throughput and catch-up, as SVG flame graphs)
 
 Nothing here asserts a speed: a workload that fails is recorded with its error, the
 report is written anyway, and the exit status says whether every workload ran.
@@ -73,7 +75,8 @@ PROFILES = {
         "partitions": 16,
         "producers": 2,
         "startup": {"idle_s": 5},
-        "max_throughput": {"duration_s": 12, "warmup_s": 4, "ramp": [0.5, 0.75, 0.9, 1.0], "ramp_duration_s": 10, "ramp_warmup_s": 3},
+        "max_throughput": {"duration_s": 12, "warmup_s": 4, "ramp": [0.5, 0.75, 0.9, 1.0], "ramp_duration_s": 10, "ramp_warmup_s": 3,
+                           "flame_s": 8},
         "fixed_rate": {"fractions": [0.25, 0.5, 0.75], "duration_s": 15, "warmup_s": 4},
         "fan_out": {"fraction": 0.25, "consumers": 3, "duration_s": 15, "warmup_s": 4},
         "many_producers": {"producers": 50, "partitions": 100, "fraction": 0.5, "duration_s": 15, "warmup_s": 4},
@@ -92,7 +95,7 @@ PROFILES = {
         "partitions": 4,
         "producers": 2,
         "startup": {"idle_s": 1},
-        "max_throughput": {"duration_s": 3, "warmup_s": 1, "ramp": [0.5], "ramp_duration_s": 2, "ramp_warmup_s": 0.5},
+        "max_throughput": {"duration_s": 3, "warmup_s": 1, "ramp": [0.5], "ramp_duration_s": 2, "ramp_warmup_s": 0.5, "flame_s": 2},
         "fixed_rate": {"fractions": [0.25], "duration_s": 2, "warmup_s": 0.5},
         "fan_out": {"fraction": 0.1, "consumers": 3, "duration_s": 2, "warmup_s": 0.5},
         "many_producers": {"producers": 10, "partitions": 20, "fraction": 0.1, "duration_s": 2, "warmup_s": 0.5},
@@ -413,6 +416,59 @@ class Cluster:
                 b.kill()
 
 
+class Perf:
+    """`perf record` of a broker's threads while the `with` body runs; on exit the samples
+    become plots/flame-<workload>.svg and an entry of `harness.flames` (total samples, top
+    functions). perf.data and the script output are deleted afterwards (hundreds of MB)."""
+
+    FREQ_HZ = 199
+    STACK_BYTES = 16384
+
+    def __init__(self, harness, broker, workload):
+        self.h, self.broker, self.workload = harness, broker, workload
+        self.data = harness.work / f"perf-{workload}.data"
+
+    def __enter__(self):
+        with open(self.h.logs / f"perf-{self.workload}.log", "w") as err:
+            self.proc = subprocess.Popen(
+                ["perf", "record", "-F", str(self.FREQ_HZ), "--call-graph", f"dwarf,{self.STACK_BYTES}", "-p", str(self.broker.pid),
+                 "-o", str(self.data)], stdout=subprocess.DEVNULL, stderr=err)
+        time.sleep(0.5)  # perf attaches to every thread before the load starts
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        script = self.h.work / f"perf-{self.workload}.txt"
+        try:
+            if exc[0] is None:
+                self.fold(script)
+        finally:
+            self.data.unlink(missing_ok=True)
+            script.unlink(missing_ok=True)
+        return False
+
+    def fold(self, script):
+        with open(script, "w") as out:
+            r = subprocess.run(["perf", "script", "-i", str(self.data), "--no-inline", "-F", "comm,pid,tid,ip,sym,dso"],
+                               stdout=out, stderr=subprocess.PIPE, text=True, timeout=900)
+        if r.returncode != 0:
+            raise RuntimeError(f"perf script exited {r.returncode}: {r.stderr[-500:]}")
+        (self.h.out_dir / "plots").mkdir(parents=True, exist_ok=True)
+        svg = f"plots/flame-{self.workload}.svg"
+        top = self.h.raw_dir / f"flame-{self.workload}.json"
+        title = f"ferrolog, {self.workload}: on-CPU stacks of every broker thread, user and kernel ({self.FREQ_HZ} Hz)"
+        rc, _, _ = run_child([str(BENCH_BIN), "flamegraph", "--perf-script", str(script), "--out", str(self.h.out_dir / svg),
+                              "--title", title, "--top-json", str(top)], 600, self.h.logs / "bench.log")
+        if rc != 0:
+            raise RuntimeError(f"ferrolog-bench flamegraph exited {rc}")
+        self.h.flames.append({"workload": self.workload, "svg": svg, **json.loads(top.read_text())})
+
+
 class Sampler:
     """Samples a broker's RSS while a measurement runs; with CPU of broker, client and machine."""
 
@@ -524,6 +580,7 @@ class Harness:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.runs = []
         self.errors = []
+        self.flames = []
         self.settings = {}
         self.kafka_max_mbps = None
         self.api_versions = {}
@@ -1123,7 +1180,39 @@ class Harness:
                 for c in self.order(rep):
                     log(f"phase 4 rep {rep + 1}: {c} ({CLUSTER_SIZE} nodes)")
                     self.phase4(c, rep)
+        if "flame-graphs" in wl and "ferrolog" in self.args.configs:
+            log("flame graphs of ferrolog (perf record)")
+            self.flame_graphs()
         self.elapsed_s = time.time() - t0
+
+    def flame_graphs(self):
+        """Flame graphs of ferrolog under max-throughput and catch-up: a session of its own
+        after the measured phases, so perf's sampling costs none of the figures. Each
+        workload runs as in its phase while `perf record --call-graph dwarf` samples every
+        thread of the broker (user and kernel stacks); ferrolog-bench folds `perf script`'s
+        output into plots/flame-<workload>.svg and lists the functions most often on CPU."""
+        if not shutil.which("perf"):
+            self.fail(5, "ferrolog", 0, "flame-graphs", "perf is not installed (scripts/install-test-deps.sh installs it)")
+            return
+        b = self.session("ferrolog", 0, "flame")
+        try:
+            b.start()
+            b.wait_ready()
+            q = self.p["max_throughput"]
+            with Perf(self, b, "max-throughput"):
+                self.bench(b, "flame-max-throughput", [
+                    "--topic", "flame-mt", "--create-partitions", self.p["partitions"], *self.common_produce_args(),
+                    "--rate", 0, "--duration-s", q["flame_s"], "--warmup-s", 0], q["flame_s"] + 120)
+            records, _ = self.write_backlog(b, "flame-backlog", "backlog", self.p["catch_up"]["bytes"])
+            with Perf(self, b, "catch-up"):
+                d, _, _ = self.bench(b, "flame-catch-up", ["--topic", "backlog", "--producers", 0, "--consumers", 1,
+                                                           "--consume-from", "earliest", "--no-parse-records", "--consume-timeout-s", 900], 1000)
+            if not d["consumers"][0]["reached_end"]:
+                raise RuntimeError(f"flame-catch-up: the consumer did not reach the end of the {records}-record backlog")
+        except Exception as e:  # noqa: BLE001
+            self.fail(5, "ferrolog", 0, "flame-graphs", e)
+        finally:
+            self.end_session(b)
 
     def median_metric(self, workload, metric, config, step=None):
         vals = [r["metrics"][metric] for r in self.runs if r["workload"] == workload and (config is None or r["config"] == config)
@@ -1256,7 +1345,7 @@ def main():
     ap.add_argument("--reps", type=int, help="repetitions (default 3, quick 1)")
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {','.join(CONFIGS)}")
     ap.add_argument("--workloads", default="startup,max-throughput,fixed-rate,fan-out,many-producers,keyed,drain-while-producing,"
-                                           "catch-up,catch-up-cold,many-partitions,replicated")
+                                           "catch-up,catch-up-cold,many-partitions,replicated,flame-graphs")
     ap.add_argument("--no-cross-check", action="store_true", help="skip Kafka's ProducerPerformance/ConsumerPerformance")
     ap.add_argument("--ferrolog-cores", type=int, help="ferrolog --cores (default: all cores; 1 with --pinned)")
     ap.add_argument("--pinned", action="store_true",

@@ -383,6 +383,7 @@ def write(h, interrupted):
         "summary": summary,
         "runs": h.runs,
         "errors": h.errors,
+        "flamegraphs": h.flames,
         "plots": [f"plots/{f}" for f in plot_files],
     }
     (h.out_dir / "results.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
@@ -556,6 +557,24 @@ def markdown(h, r, summary):
         add("")
         for p in r["plots"]:
             add(f"![{Path(p).stem}]({p})")
+            add("")
+    if r["flamegraphs"]:
+        add("## Flame graphs")
+        add("")
+        add("ferrolog only, in a session of its own after the measured phases (perf's sampling costs none of the figures above): "
+            "every broker thread's on-CPU stacks, user and kernel, sampled by `perf record --call-graph dwarf` while the "
+            "workload ran as in its phase. Width is the share of samples; the thread is the bottom frame. The table lists "
+            "the functions most often on CPU themselves (innermost frame).")
+        add("")
+        for f in r["flamegraphs"]:
+            add(f"### {f['workload']}: {f['samples']:,} samples")
+            add("")
+            add(f"![flame-{f['workload']}]({f['svg']})")
+            add("")
+            add("| function (on CPU itself) | share of samples |")
+            add("|---|---|")
+            for t in f["top_self"]:
+                add(f"| `{t['function'].replace('|', '/')}` | {t['percent']:.1f}% |")
             add("")
     add("## Configuration")
     add("")

@@ -21,7 +21,7 @@
 # target/release/ferrolog is missing (FERROLOG_BIN overrides the binary). Apache Kafka's
 # jars come from scripts/fetch-apache-kafka.sh (Maven Central, cached).
 #
-# Needs: cargo, python3 (stdlib only), java 17+ and mvn (scripts/install-test-deps.sh),
+# Needs: cargo, python3 (stdlib only), java 17+, mvn and perf (scripts/install-test-deps.sh),
 # root for the loop mount of the many-partitions workload (without it that workload
 # runs on the data disk under a free-space guard).
 set -euo pipefail

@@ -6,7 +6,7 @@
 # Usage: scripts/install-test-deps.sh      (as root, on Debian; idempotent)
 #
 # Installs or builds:
-#   Debian    kcat; and, only where missing, a JDK (17+), Maven and pip.
+#   Debian    kcat, perf (linux-perf); and, only where missing, a JDK (17+), Maven and pip.
 #   PyPI      confluent-kafka, kafka-python and pytest at the pinned versions below,
 #             into whatever `python3` is first on PATH (the one that runs the tests).
 #   Maven     tests/java: kafka-clients + kafka-tools 4.1 + slf4j-simple and our
@@ -41,6 +41,8 @@ command -v python3 >/dev/null || apt_packages+=(python3)
 command -v ip >/dev/null || apt_packages+=(iproute2)
 # iptables inside a test's own namespace, for the one-way partition test.
 command -v iptables >/dev/null || apt_packages+=(iptables)
+# perf for the benchmark's flame graphs (bench/harness.py).
+command -v perf >/dev/null || apt_packages+=(linux-perf)
 # mkfs.ext4 and e2fsck for ferrolog-check's disks (and the disk-full test).
 command -v mkfs.ext4 >/dev/null && command -v e2fsck >/dev/null || apt_packages+=(e2fsprogs)
 if ! python3 -m pip --version >/dev/null 2>&1; then

@@ -94,7 +94,7 @@ def test_report_is_well_formed(quick_run):
     md = (out / "report.md").read_text()
     for heading in ("## Headline", "## Hardware limits", "### startup", "### max-throughput", "### fixed-rate", "### fan-out", "### many-producers", "### keyed", "### drain-while-producing",
                     "### catch-up", "### catch-up, page cache dropped", "### many-partitions", "### replicated: throughput",
-                    "### replicated: many partitions", "## Cross-check", "## Plots", "## Configuration"):
+                    "### replicated: many partitions", "## Cross-check", "## Plots", "## Flame graphs", "## Configuration"):
         assert heading in md, heading
     assert "## Errors" not in md
     # Markdown tables: every row of a table has as many cells as its header.
@@ -118,3 +118,21 @@ def test_plots_are_svg_and_linked(quick_run):
         root = ET.parse(path).getroot()
         assert root.tag.endswith("svg"), p
         assert f"]({p})" in md, f"{p} not linked from the report"
+
+
+def test_flame_graphs_show_the_brokers_own_frames(quick_run):
+    _, out = quick_run
+    r = json.loads((out / "results.json").read_text())
+    md = (out / "report.md").read_text()
+    flames = {f["workload"]: f for f in r["flamegraphs"]}
+    assert set(flames) == {"max-throughput", "catch-up"}
+    for name, f in flames.items():
+        assert f["samples"] > 0 and f["top_self"], name
+        root = ET.parse(out / f["svg"]).getroot()
+        assert root.tag.endswith("svg"), name
+        boxes = [t.text for t in root.iter("{http://www.w3.org/2000/svg}title")]
+        assert len(boxes) > 20, (name, len(boxes))
+        # perf unwound through the broker's own code (DWARF), and into the kernel.
+        assert any(b.startswith("ferrolog") and "::" in b for b in boxes), (name, boxes[:20])
+        assert any(b.startswith(("__x64_sys", "do_syscall", "entry_SYSCALL", "io_")) for b in boxes), (name, boxes[:20])
+        assert f"]({f['svg']})" in md, name

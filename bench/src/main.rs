@@ -12,9 +12,12 @@
 //!   says when it came.
 //! - `hw-probe`: disk and loopback limits (hwprobe.rs).
 //! - `plot`: SVG charts from a JSON spec (plot.rs).
+//! - `flamegraph`: an SVG flame graph and the top functions from `perf script` output
+//!   (flame.rs).
 
 mod batch;
 mod consumer;
+mod flame;
 mod hwprobe;
 mod plot;
 mod producer;
@@ -104,6 +107,20 @@ enum Command {
         spec: PathBuf,
         #[arg(long)]
         out_dir: PathBuf,
+    },
+    /// Fold `perf script` output into an SVG flame graph and list the functions most often
+    /// on CPU themselves (see flame.rs).
+    Flamegraph {
+        /// `perf script` output of a `perf record --call-graph` run.
+        #[arg(long)]
+        perf_script: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value = "")]
+        title: String,
+        /// Write the total samples and the top functions here as JSON.
+        #[arg(long)]
+        top_json: Option<PathBuf>,
     },
 }
 
@@ -299,6 +316,23 @@ fn real_main() -> Result<()> {
                 eprintln!("wrote {f}");
             }
             Ok(())
+        }
+        Command::Flamegraph {
+            perf_script,
+            out,
+            title,
+            top_json,
+        } => {
+            let script = std::fs::read(&perf_script)
+                .with_context(|| format!("reading {}", perf_script.display()))?;
+            let folded = flame::fold(&String::from_utf8_lossy(&script));
+            std::fs::write(&out, flame::svg(&folded, &title))
+                .with_context(|| format!("writing {}", out.display()))?;
+            let top = serde_json::json!({
+                "samples": folded.values().sum::<u64>(),
+                "top_self": flame::top_self(&folded, 15),
+            });
+            write_json(&top, top_json.as_deref())
         }
     }
 }

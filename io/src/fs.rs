@@ -88,7 +88,7 @@ pub trait WriteBuf {
 }
 
 /// The broker's file system: glommio on the shard's executor. Its reads give way to the
-/// shard's writes through [`read_gate`].
+/// process's log writes through [`read_gate`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct GlommioFs;
 

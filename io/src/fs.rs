@@ -17,15 +17,15 @@
 use std::cell::Cell;
 use std::future::Future;
 use std::io;
-use std::ops::Deref;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::rc::Rc;
 use std::time::Duration;
 
-use glommio::io::{BufferedFile, DmaBuffer, DmaFile, ReadResult};
+use bytes::Bytes;
+use glommio::io::{BufferedFile, DmaBuffer, DmaFile};
 
-use crate::read_gate;
+use crate::{pool, read_gate, uring};
 
 /// What a log needs of its disk and executor. Everything runs on one thread, so nothing here
 /// needs to be `Send`.
@@ -77,9 +77,8 @@ pub trait FsFile: 'static {
 /// A read handle.
 #[allow(async_fn_in_trait)]
 pub trait FsReader: 'static {
-    type Bytes: Deref<Target = [u8]>;
     /// Up to `len` bytes at `pos` (fewer at the end of the file).
-    async fn read_at(&self, pos: u64, len: usize) -> io::Result<Self::Bytes>;
+    async fn read_at(&self, pos: u64, len: usize) -> io::Result<Bytes>;
 }
 
 /// The bytes of a write buffer.
@@ -128,6 +127,14 @@ pub async fn probe_direct_reads(dir: &Path) -> bool {
             .dma_open(&path)
             .await?;
         let bytes = file.read_at(0, block.len()).await;
+        // The shard's own ring must read the same block, or is not used.
+        if uring::init() {
+            let own = uring::read(file.as_raw_fd(), 0, block.len()).await;
+            if !own.as_ref().is_ok_and(|own| own[..] == block[..]) {
+                tracing::warn!(dir = %dir.display(), result = ?own.map(|b| b.len()), "a Direct I/O read on the shard's own io_uring failed or returned other bytes than written: reading through glommio");
+                uring::disable();
+            }
+        }
         let _ = file.close().await;
         Ok::<_, io::Error>(bytes?)
     };
@@ -312,33 +319,78 @@ impl WriteBuf for Vec<u8> {
 }
 
 impl FsReader for GlommioReader {
-    type Bytes = ReadResult;
-
-    async fn read_at(&self, pos: u64, len: usize) -> io::Result<ReadResult> {
+    async fn read_at(&self, pos: u64, len: usize) -> io::Result<Bytes> {
         match self {
             GlommioReader::Buffered(f) => {
                 // The log writes with Direct I/O, so these miss the page cache: disk reads too.
                 let _turn = read_gate::read_turn(len as u64).await;
-                f.read_at(pos, len).await.map_err(io::Error::from)
+                let r = f.read_at(pos, len).await.map_err(io::Error::from)?;
+                Ok(pool::concat(&[&r], r.len()))
             }
             GlommioReader::Direct(f) => {
                 // Read from an aligned position (at least a page, as the log writes) and cut
                 // the front off here: glommio's own cut of an unaligned read near the end of
                 // the file can run past what it read.
-                let align = f.alignment().max(4096);
+                let align = f.alignment().max(pool::ALIGN as u64);
                 let aligned = pos / align * align;
                 let skip = (pos - aligned) as usize;
-                // glommio reads whole aligned blocks: count those.
-                let _turn =
-                    read_gate::read_turn((skip + len).next_multiple_of(align as usize) as u64)
-                        .await;
+                // Whole aligned blocks are read: count those.
+                let whole = (skip + len).next_multiple_of(align as usize);
+                let _turn = read_gate::read_turn(whole as u64).await;
+                if uring::available() {
+                    let r = uring::read(f.as_raw_fd(), aligned, whole).await?;
+                    let len = len.min(r.len().saturating_sub(skip));
+                    return Ok(r.slice(skip.min(r.len())..).slice(..len));
+                }
                 let r = f
                     .read_at(aligned, skip + len)
                     .await
                     .map_err(io::Error::from)?;
-                let len = len.min(r.len().saturating_sub(skip));
-                Ok(ReadResult::slice(&r, skip, len).expect("within the bytes read"))
+                let r = &r[skip.min(r.len())..];
+                let len = len.min(r.len());
+                Ok(pool::concat(&[&r[..len]], len))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Where Direct I/O reads work, they run on the shard's own ring and return exactly the
+    /// bytes asked for: unaligned starts and ends, ranges across blocks, and short at the
+    /// end of the file.
+    #[test]
+    fn direct_reads_return_the_bytes_asked_for() {
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .spawn(|| async move {
+                let dir = std::env::temp_dir();
+                if !probe_direct_reads(&dir).await {
+                    eprintln!("no Direct I/O reads on {}: nothing to test", dir.display());
+                    return;
+                }
+                assert!(uring::available(), "the probe made the shard's ring");
+                let path = dir.join(format!("ferrolog-io-uring-{}", std::process::id()));
+                let data: Vec<u8> = (0..3 * 4096 + 100u32).map(|i| (i % 253) as u8).collect();
+                std::fs::write(&path, &data).unwrap();
+                let reader = GlommioFs.open_read(&path).await.unwrap();
+                // On the ring, then through glommio as without one.
+                for ring in [true, false] {
+                    assert_eq!(uring::available(), ring);
+                    for (pos, len) in [(0, 1), (1, 4095), (4000, 200), (4096, 8192), (5, 20_000)] {
+                        let got = reader.read_at(pos, len).await.unwrap();
+                        let end = (pos as usize + len).min(data.len());
+                        assert!(got[..] == data[pos as usize..end], "{len} bytes at {pos}");
+                    }
+                    let past = reader.read_at(data.len() as u64 + 10, 100).await.unwrap();
+                    assert!(past.is_empty(), "nothing past the end");
+                    uring::disable();
+                }
+                std::fs::remove_file(&path).unwrap();
+            })
+            .expect("executor")
+            .join()
+            .expect("test body");
     }
 }

@@ -16,6 +16,7 @@ pub mod fs;
 pub mod log;
 pub mod pool;
 pub mod read_gate;
+pub mod uring;
 mod segment;
 
 pub use fs::{Fs, GlommioFs};

@@ -1469,7 +1469,7 @@ async fn read_from_segment<R: FsReader>(
         keep += header.total_bytes();
         rest = &rest[header.total_bytes()..];
     }
-    Ok(Some(crate::pool::concat(&[&r[..keep]], keep)))
+    Ok(Some(r.slice(..keep)))
 }
 
 /// Copies the tail-page head and then the pending chunks into write buffers, in order.

@@ -1,52 +1,159 @@
 //! Reused buffers for the bytes reads hand out.
 //!
-//! A read copies what it returns out of the I/O buffer (or joins cached chunks) into memory
-//! of its own, which lives on in a Fetch response until the socket took it. A fresh
-//! allocation of a megabyte is fresh pages from the kernel every time (the allocator hands
-//! large blocks back between reads), and faulting them in cost more than the copy itself.
-//! So large buffers go back to a per-thread free list when their bytes are dropped, bounded
-//! in count and size.
+//! A read's bytes live on in a Fetch response until the socket took them: either the memory
+//! a Direct I/O read landed in ([`crate::uring`]), or a copy out of the I/O buffer (or of
+//! joined cached chunks). A fresh allocation of a megabyte is fresh pages from the kernel
+//! every time (the allocator hands large blocks back between reads), and faulting them in
+//! cost more than the copy itself. So large buffers go back to a per-thread free list when
+//! their bytes are dropped, bounded in count and size. Every buffer is page-aligned, so
+//! Direct I/O can read into it.
 
+#![allow(unsafe_code)] // the aligned allocation; each use says why it is sound
+
+use std::alloc::Layout;
 use std::cell::RefCell;
+use std::ptr::NonNull;
 
 use bytes::Bytes;
 
-/// Copies smaller than this take an ordinary allocation.
+/// Buffers smaller than this are not kept for reuse.
 const POOLED_MIN: usize = 64 << 10;
 /// Buffers larger than this are not kept.
 const POOLED_MAX: usize = 4 << 20;
 /// Bytes of free buffers kept per thread (a Fetch of 16 partitions holds 16 MiB at once).
 const FREE_BYTES_MAX: usize = 24 << 20;
+/// Every buffer starts on a page: what Direct I/O needs of memory it reads into.
+pub const ALIGN: usize = 4096;
 
 thread_local! {
     /// Free buffers, and their capacities' sum.
-    static FREE: RefCell<(Vec<Vec<u8>>, usize)> = const { RefCell::new((Vec::new(), 0)) };
+    static FREE: RefCell<(Vec<AlignedBuf>, usize)> = const { RefCell::new((Vec::new(), 0)) };
+}
+
+/// Page-aligned memory of a fixed capacity, of which the first `len` bytes are set.
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    capacity: usize,
+    len: usize,
+}
+
+// SAFETY: an `AlignedBuf` owns its allocation alone, as a `Vec<u8>` does; nothing else points
+// into it (a read in flight into it holds it by value until the read completes).
+unsafe impl Send for AlignedBuf {}
+
+impl AlignedBuf {
+    /// An empty buffer that holds at least `capacity` bytes (whole pages).
+    fn new(capacity: usize) -> AlignedBuf {
+        let capacity = capacity.max(1).next_multiple_of(ALIGN);
+        let layout = Layout::from_size_align(capacity, ALIGN).expect("a valid layout");
+        // SAFETY: the layout's size is not zero.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        let Some(ptr) = NonNull::new(ptr) else {
+            std::alloc::handle_alloc_error(layout);
+        };
+        AlignedBuf {
+            ptr,
+            capacity,
+            len: 0,
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Where a read may put up to `capacity` bytes.
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Takes the first `len` bytes as set.
+    ///
+    /// # Safety
+    /// The first `len` bytes (at most `capacity`) must have been written.
+    pub unsafe fn set_len(&mut self, len: usize) {
+        assert!(len <= self.capacity, "{len} bytes in a buffer of {}", self.capacity);
+        self.len = len;
+    }
+
+    fn extend_from_slice(&mut self, bytes: &[u8]) {
+        assert!(self.len + bytes.len() <= self.capacity, "the buffer is too small");
+        // SAFETY: the destination is within the allocation (checked above) and cannot
+        // overlap `bytes`, which no one can borrow from this buffer while it is borrowed
+        // mutably here.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                self.ptr.as_ptr().add(self.len),
+                bytes.len(),
+            );
+        }
+        self.len += bytes.len();
+    }
+
+    /// Into the bytes it holds; the buffer goes back to the dropping thread's free list with
+    /// the last of them.
+    pub fn into_bytes(self) -> Bytes {
+        Bytes::from_owner(Pooled(Some(self)))
+    }
+}
+
+impl AsRef<[u8]> for AlignedBuf {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: the first `len` bytes are set (`set_len`, `extend_from_slice`).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        let layout = Layout::from_size_align(self.capacity, ALIGN).expect("as allocated");
+        // SAFETY: allocated in `new` with this layout, and freed only here.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+    }
 }
 
 /// A buffer that returns to this thread's free list when dropped.
-struct Pooled(Vec<u8>);
+struct Pooled(Option<AlignedBuf>);
 
 impl AsRef<[u8]> for Pooled {
     fn as_ref(&self) -> &[u8] {
-        &self.0
+        self.0.as_ref().map_or(&[], |b| b.as_ref())
     }
 }
 
 impl Drop for Pooled {
     fn drop(&mut self) {
-        let buf = std::mem::take(&mut self.0);
-        if buf.capacity() > POOLED_MAX {
+        let Some(buf) = self.0.take() else {
+            return;
+        };
+        if !(POOLED_MIN..=POOLED_MAX).contains(&buf.capacity) {
             return;
         }
         // At thread exit the list may be gone already; the buffer is then freed.
         let _ = FREE.try_with(|free| {
             let (list, bytes) = &mut *free.borrow_mut();
-            if *bytes + buf.capacity() <= FREE_BYTES_MAX {
-                *bytes += buf.capacity();
+            if *bytes + buf.capacity <= FREE_BYTES_MAX {
+                *bytes += buf.capacity;
                 list.push(buf);
             }
         });
     }
+}
+
+/// An empty aligned buffer for at least `len` bytes: a free one of this thread's when one
+/// fits.
+pub fn buffer(len: usize) -> AlignedBuf {
+    let mut buf = match len >= POOLED_MIN {
+        true => FREE
+            .try_with(|free| take(&mut free.borrow_mut(), len))
+            .ok()
+            .flatten(),
+        false => None,
+    }
+    .unwrap_or_else(|| AlignedBuf::new(len));
+    buf.len = 0;
+    buf
 }
 
 /// The concatenation of `parts` (`len` bytes in all), in a pooled buffer when large.
@@ -55,29 +162,24 @@ pub fn concat(parts: &[&[u8]], len: usize) -> Bytes {
     if len < POOLED_MIN {
         return Bytes::from(parts.concat());
     }
-    let mut buf = FREE
-        .try_with(|free| take(&mut free.borrow_mut(), len))
-        .ok()
-        .flatten()
-        .unwrap_or_else(|| Vec::with_capacity(len));
-    buf.clear();
+    let mut buf = buffer(len);
     for p in parts {
         buf.extend_from_slice(p);
     }
-    Bytes::from_owner(Pooled(buf))
+    buf.into_bytes()
 }
 
 /// The free buffer that fits `len` bytes most closely, if one fits without wasting more
 /// than half of itself.
-fn take((list, bytes): &mut (Vec<Vec<u8>>, usize), len: usize) -> Option<Vec<u8>> {
-    let fits = |b: &Vec<u8>| b.capacity() >= len && b.capacity() <= 2 * len;
+fn take((list, bytes): &mut (Vec<AlignedBuf>, usize), len: usize) -> Option<AlignedBuf> {
+    let fits = |b: &AlignedBuf| b.capacity >= len && b.capacity <= 2 * len;
     let (i, _) = list
         .iter()
         .enumerate()
         .filter(|(_, b)| fits(b))
-        .min_by_key(|(_, b)| b.capacity())?;
+        .min_by_key(|(_, b)| b.capacity)?;
     let buf = list.swap_remove(i);
-    *bytes -= buf.capacity();
+    *bytes -= buf.capacity;
     Some(buf)
 }
 
@@ -108,5 +210,14 @@ mod tests {
         drop(big);
         let fitting = concat(&[&a], a.len());
         assert_ne!(fitting.as_ptr(), big_ptr);
+    }
+
+    #[test]
+    fn buffers_start_on_a_page() {
+        for len in [1, 100, POOLED_MIN, POOLED_MAX + 1] {
+            let mut buf = buffer(len);
+            assert!(buf.capacity() >= len);
+            assert_eq!(buf.as_mut_ptr() as usize % ALIGN, 0, "{len} bytes");
+        }
     }
 }

@@ -462,14 +462,12 @@ impl FsFile for SimFile {
 }
 
 impl FsReader for SimFile {
-    type Bytes = Vec<u8>;
-
-    async fn read_at(&self, pos: u64, len: usize) -> io::Result<Vec<u8>> {
+    async fn read_at(&self, pos: u64, len: usize) -> io::Result<bytes::Bytes> {
         latency(100).await;
         Ok(self.with(|c| {
             let start = (pos as usize).min(c.data.len());
             let end = (start + len).min(c.data.len());
-            c.data[start..end].to_vec()
+            bytes::Bytes::copy_from_slice(&c.data[start..end])
         }))
     }
 }

@@ -1,0 +1,220 @@
+//! Direct I/O reads on an io_uring of the thread's own, into pooled aligned buffers that
+//! leave as they are: the `Bytes` a read returns are the memory the disk wrote, with no copy
+//! on the way to a Fetch response.
+//!
+//! glommio reads into buffers of its own, reference-counted per thread, which cannot become
+//! `Bytes` (those may cross shards); every byte read was copied out of them once more. This
+//! ring reads into [`crate::pool`]'s buffers instead. glommio does not let anyone else
+//! submit to its rings, so the ring is separate, and glommio learns of completions through
+//! a socket: each read is hard-linked to a one-byte write to a socket pair whose other end
+//! a task of this thread reads with glommio. By the time that byte arrives, the read's
+//! completion is in the ring, and the task hands it to the waiting read.
+//!
+//! Each thread has at most one ring, made by [`init`] (which `probe_direct_reads` calls), at
+//! most `IN_FLIGHT_MAX` reads in flight on it, and a buffer stays owned by the ring until
+//! its read completed, whatever became of the read's future.
+
+#![allow(unsafe_code)] // submissions to the ring; each says why it is sound
+
+use std::cell::RefCell;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, RawFd};
+use std::rc::Rc;
+
+use bytes::Bytes;
+use futures::channel::oneshot;
+use futures::AsyncReadExt;
+use glommio::net::UnixStream;
+use glommio::sync::Semaphore;
+use io_uring::{opcode, squeue, types, IoUring};
+
+use crate::pool::{self, AlignedBuf};
+
+/// Submission entries: two per read (the read and its wake-up).
+const ENTRIES: u32 = 64;
+/// Reads in flight at once on one thread's ring.
+const IN_FLIGHT_MAX: usize = (ENTRIES / 2) as usize;
+/// The `user_data` of the wake-up writes, whose completions are only counted.
+const WAKE: u64 = u64::MAX;
+/// The byte each wake-up writes.
+static WAKE_BYTE: [u8; 1] = [1];
+
+thread_local! {
+    static RING: RefCell<Option<Rc<Ring>>> = const { RefCell::new(None) };
+}
+
+/// A read in flight: its buffer, and where its result goes.
+struct Op {
+    buf: AlignedBuf,
+    done: oneshot::Sender<(AlignedBuf, i32)>,
+}
+
+struct Ring {
+    ring: RefCell<IoUring>,
+    /// Reads in flight, by `user_data`; `None` where free.
+    ops: RefCell<Vec<Option<Op>>>,
+    slots: Semaphore,
+    /// The end of the socket pair the wake-ups are written to (kept open with it).
+    wake_tx: std::os::unix::net::UnixStream,
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // The kernel may still write into the buffers of reads in flight after the ring's
+        // descriptor closed: leak them (this happens only as the thread ends).
+        for op in self.ops.get_mut().drain(..).flatten() {
+            std::mem::forget(op.buf);
+        }
+    }
+}
+
+/// Makes this thread's ring and starts the task that reaps it; false (and logged) when the
+/// kernel refuses a ring, and reads then stay with glommio. Idempotent.
+pub fn init() -> bool {
+    if RING.with(|r| r.borrow().is_some()) {
+        return true;
+    }
+    let made = (|| {
+        let ring = IoUring::new(ENTRIES)?;
+        let (wake_tx, wake_rx) = std::os::unix::net::UnixStream::pair()?;
+        // SAFETY: `into_raw_fd` gives up the descriptor, which the glommio stream now owns
+        // alone.
+        let wake_rx = unsafe { UnixStream::from_raw_fd(wake_rx.into_raw_fd()) };
+        Ok::<_, io::Error>((ring, wake_tx, wake_rx))
+    })();
+    let (ring, wake_tx, wake_rx) = match made {
+        Ok(made) => made,
+        Err(e) => {
+            tracing::warn!(error = %e, "no io_uring of the shard's own: Direct I/O reads go through glommio, with one more copy");
+            return false;
+        }
+    };
+    let ring = Rc::new(Ring {
+        ring: RefCell::new(ring),
+        ops: RefCell::new((0..IN_FLIGHT_MAX).map(|_| None).collect()),
+        slots: Semaphore::new(IN_FLIGHT_MAX as u64),
+        wake_tx,
+    });
+    glommio::spawn_local(reap(Rc::downgrade(&ring), wake_rx)).detach();
+    RING.with(|r| *r.borrow_mut() = Some(ring));
+    true
+}
+
+/// Stops using this thread's ring for reads that have not started.
+pub fn disable() {
+    RING.with(|r| r.borrow_mut().take());
+}
+
+/// Whether this thread has a ring (`init` succeeded on it).
+pub fn available() -> bool {
+    RING.with(|r| r.borrow().is_some())
+}
+
+/// Reads up to `len` bytes at `pos` of `fd`, both multiples of [`pool::ALIGN`] (fewer at the
+/// end of the file). `fd` must stay open until this returns or is dropped; the kernel holds
+/// the file from the submission on. Panics without a ring (`available`).
+pub async fn read(fd: RawFd, pos: u64, len: usize) -> io::Result<Bytes> {
+    assert!(
+        pos % pool::ALIGN as u64 == 0 && len % pool::ALIGN == 0,
+        "unaligned Direct I/O read of {len} bytes at {pos}"
+    );
+    let len32 = u32::try_from(len).map_err(|_| io::Error::other("a read over 4 GiB"))?;
+    let ring = RING
+        .with(|r| r.borrow().clone())
+        .expect("a ring on this thread");
+    let _slot = ring
+        .slots
+        .acquire_permit(1)
+        .await
+        .map_err(|e| io::Error::other(e.to_string()))?;
+    let mut buf = pool::buffer(len);
+    let (done, result) = oneshot::channel();
+    {
+        let mut ops = ring.ops.borrow_mut();
+        let i = ops
+            .iter()
+            .position(Option::is_none)
+            .expect("a free slot: reads in flight are bounded by the semaphore");
+        let read = opcode::Read::new(types::Fd(fd), buf.as_mut_ptr(), len32)
+            .offset(pos)
+            .build()
+            .flags(squeue::Flags::IO_HARDLINK)
+            .user_data(i as u64);
+        let wake = opcode::Write::new(
+            types::Fd(ring.wake_tx.as_raw_fd()),
+            WAKE_BYTE.as_ptr(),
+            1,
+        )
+        .build()
+        .user_data(WAKE);
+        let mut uring = ring.ring.borrow_mut();
+        // SAFETY: the read's buffer is `buf`, which moves into `ops[i]` below (its memory
+        // stays put) and leaves it only when the read's completion is reaped, or never (a
+        // ring dropped with reads in flight leaks their buffers); the wake-up writes a
+        // static byte.
+        unsafe { uring.submission().push_multiple(&[read, wake]) }
+            .expect("room: every submission is submitted before the next one is pushed");
+        ops[i] = Some(Op { buf, done });
+    }
+    // Once pushed, the entries go to the kernel with this submission or, should it fail,
+    // the next one; the read then completes whether or not anyone still waits for it.
+    loop {
+        match ring.ring.borrow().submit() {
+            Ok(_) => break,
+            // EINTR, EAGAIN (no memory for the requests now), EBUSY (completions to reap).
+            Err(e) if matches!(e.raw_os_error(), Some(4 | 11 | 16)) => {
+                glommio::executor().yield_now().await;
+            }
+            Err(e) => {
+                // The read keeps its slot: its entries may still reach the kernel.
+                std::mem::forget(_slot);
+                tracing::error!(error = %e, "io_uring submission failed");
+                return Err(e);
+            }
+        }
+    }
+    let (mut buf, res) = result
+        .await
+        .map_err(|_| io::Error::other("the io_uring reaper stopped"))?;
+    if res < 0 {
+        return Err(io::Error::from_raw_os_error(-res));
+    }
+    // SAFETY: the kernel wrote the `res` bytes the read returned.
+    unsafe { buf.set_len(res as usize) };
+    Ok(buf.into_bytes())
+}
+
+/// Reads the wake-up bytes and hands each completed read its result, until the ring goes.
+async fn reap(ring: std::rc::Weak<Ring>, mut wake_rx: UnixStream) {
+    let mut woken = [0u8; 256];
+    loop {
+        match wake_rx.read(&mut woken).await {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::error!(error = %e, "the io_uring wake-up socket failed: reads on this shard stop");
+                return;
+            }
+        }
+        let Some(ring) = ring.upgrade() else {
+            return;
+        };
+        let mut completed = Vec::new();
+        for cqe in ring.ring.borrow_mut().completion() {
+            match cqe.user_data() {
+                WAKE if cqe.result() < 0 => {
+                    tracing::error!(errno = -cqe.result(), "an io_uring wake-up write failed");
+                }
+                WAKE => {}
+                i => completed.push((i as usize, cqe.result())),
+            }
+        }
+        for (i, res) in completed {
+            let op = ring.ops.borrow_mut()[i]
+                .take()
+                .expect("a completion for a read in flight");
+            // The read's future may be gone; its buffer is then dropped here.
+            let _ = op.done.send((op.buf, res));
+        }
+    }
+}

@@ -16,8 +16,8 @@ pub mod fs;
 pub mod log;
 pub mod pool;
 pub mod read_gate;
-pub mod uring;
 mod segment;
+pub mod uring;
 
 pub use fs::{Fs, GlommioFs};
 pub use log::{write_file, AppendInfo, Log};

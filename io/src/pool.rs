@@ -16,8 +16,13 @@ use std::ptr::NonNull;
 
 use bytes::Bytes;
 
-/// Buffers smaller than this are not kept for reuse.
+/// Copies smaller than this take an ordinary allocation.
 const POOLED_MIN: usize = 64 << 10;
+/// Pooled capacities are multiples of this, with a page to spare, so that reads of about the
+/// same size (a megabyte, give or take the page an unaligned start adds) share buffers.
+const POOLED_STEP: usize = 64 << 10;
+/// One-page buffers (a batch header's read) kept per thread.
+const PAGES_MAX: usize = 64;
 /// Buffers larger than this are not kept.
 const POOLED_MAX: usize = 4 << 20;
 /// Bytes of free buffers kept per thread (a Fetch of 16 partitions holds 16 MiB at once).
@@ -28,6 +33,8 @@ pub const ALIGN: usize = 4096;
 thread_local! {
     /// Free buffers, and their capacities' sum.
     static FREE: RefCell<(Vec<AlignedBuf>, usize)> = const { RefCell::new((Vec::new(), 0)) };
+    /// Free one-page buffers.
+    static PAGES: RefCell<Vec<AlignedBuf>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Page-aligned memory of a fixed capacity, of which the first `len` bytes are set.
@@ -72,12 +79,19 @@ impl AlignedBuf {
     /// # Safety
     /// The first `len` bytes (at most `capacity`) must have been written.
     pub unsafe fn set_len(&mut self, len: usize) {
-        assert!(len <= self.capacity, "{len} bytes in a buffer of {}", self.capacity);
+        assert!(
+            len <= self.capacity,
+            "{len} bytes in a buffer of {}",
+            self.capacity
+        );
         self.len = len;
     }
 
     fn extend_from_slice(&mut self, bytes: &[u8]) {
-        assert!(self.len + bytes.len() <= self.capacity, "the buffer is too small");
+        assert!(
+            self.len + bytes.len() <= self.capacity,
+            "the buffer is too small"
+        );
         // SAFETY: the destination is within the allocation (checked above) and cannot
         // overlap `bytes`, which no one can borrow from this buffer while it is borrowed
         // mutably here.
@@ -127,10 +141,19 @@ impl Drop for Pooled {
         let Some(buf) = self.0.take() else {
             return;
         };
+        // At thread exit the lists may be gone already; the buffer is then freed.
+        if buf.capacity == ALIGN {
+            let _ = PAGES.try_with(|pages| {
+                let mut pages = pages.borrow_mut();
+                if pages.len() < PAGES_MAX {
+                    pages.push(buf);
+                }
+            });
+            return;
+        }
         if !(POOLED_MIN..=POOLED_MAX).contains(&buf.capacity) {
             return;
         }
-        // At thread exit the list may be gone already; the buffer is then freed.
         let _ = FREE.try_with(|free| {
             let (list, bytes) = &mut *free.borrow_mut();
             if *bytes + buf.capacity <= FREE_BYTES_MAX {
@@ -144,14 +167,22 @@ impl Drop for Pooled {
 /// An empty aligned buffer for at least `len` bytes: a free one of this thread's when one
 /// fits.
 pub fn buffer(len: usize) -> AlignedBuf {
-    let mut buf = match len >= POOLED_MIN {
-        true => FREE
-            .try_with(|free| take(&mut free.borrow_mut(), len))
+    let mut buf = if len <= ALIGN {
+        PAGES
+            .try_with(|pages| pages.borrow_mut().pop())
             .ok()
-            .flatten(),
-        false => None,
+            .flatten()
+    } else if len >= POOLED_MIN {
+        FREE.try_with(|free| take(&mut free.borrow_mut(), len))
+            .ok()
+            .flatten()
+    } else {
+        None
     }
-    .unwrap_or_else(|| AlignedBuf::new(len));
+    .unwrap_or_else(|| match len >= POOLED_MIN {
+        true => AlignedBuf::new((len + ALIGN).next_multiple_of(POOLED_STEP)),
+        false => AlignedBuf::new(len),
+    });
     buf.len = 0;
     buf
 }
@@ -210,6 +241,23 @@ mod tests {
         drop(big);
         let fitting = concat(&[&a], a.len());
         assert_ne!(fitting.as_ptr(), big_ptr);
+    }
+
+    #[test]
+    fn reads_of_about_the_same_size_share_buffers() {
+        let a = buffer(1 << 20).into_bytes();
+        let ptr = a.as_ptr();
+        drop(a);
+        let b = buffer((1 << 20) + ALIGN);
+        assert_eq!(b.as_ref().as_ptr(), ptr, "a page more fits the same buffer");
+        let page = buffer(61).into_bytes();
+        let page_ptr = page.as_ptr();
+        drop(page);
+        assert_eq!(
+            buffer(ALIGN).as_ref().as_ptr(),
+            page_ptr,
+            "pages are reused too"
+        );
     }
 
     #[test]

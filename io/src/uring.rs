@@ -12,17 +12,22 @@
 //!
 //! Each thread has at most one ring, made by [`init`] (which `probe_direct_reads` calls), at
 //! most `IN_FLIGHT_MAX` reads in flight on it, and a buffer stays owned by the ring until
-//! its read completed, whatever became of the read's future.
+//! its read completed, whatever became of the read's future. A read is pushed and submitted
+//! without an await in between, so its descriptor is the kernel's before the caller can
+//! close it. Should anything about the ring fail (a submission, the wake-up socket), the
+//! thread stops using it for good: reads go through glommio again.
 
 #![allow(unsafe_code)] // submissions to the ring; each says why it is sound
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, RawFd};
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::channel::oneshot;
+use futures::future::Either;
 use futures::AsyncReadExt;
 use glommio::net::UnixStream;
 use glommio::sync::Semaphore;
@@ -39,8 +44,14 @@ const WAKE: u64 = u64::MAX;
 /// The byte each wake-up writes.
 static WAKE_BYTE: [u8; 1] = [1];
 
+/// How often the reaper looks at the ring without a wake-up while reads are in flight: a
+/// safety net, should a wake-up not come (a read refused at submission cancels its link).
+const REAP_EVERY: Duration = Duration::from_millis(100);
+
 thread_local! {
     static RING: RefCell<Option<Rc<Ring>>> = const { RefCell::new(None) };
+    /// Set once this thread's ring failed: no other is made.
+    static REFUSED: Cell<bool> = const { Cell::new(false) };
 }
 
 /// A read in flight: its buffer, and where its result goes.
@@ -53,6 +64,7 @@ struct Ring {
     ring: RefCell<IoUring>,
     /// Reads in flight, by `user_data`; `None` where free.
     ops: RefCell<Vec<Option<Op>>>,
+    /// Free entries of `ops`: taken by a read before it pushes, given back by the reaper.
     slots: Semaphore,
     /// The end of the socket pair the wake-ups are written to (kept open with it).
     wake_tx: std::os::unix::net::UnixStream,
@@ -69,8 +81,12 @@ impl Drop for Ring {
 }
 
 /// Makes this thread's ring and starts the task that reaps it; false (and logged) when the
-/// kernel refuses a ring, and reads then stay with glommio. Idempotent.
+/// kernel refuses a ring (or one failed before on this thread), and reads then stay with
+/// glommio. Idempotent.
 pub fn init() -> bool {
+    if REFUSED.with(Cell::get) {
+        return false;
+    }
     if RING.with(|r| r.borrow().is_some()) {
         return true;
     }
@@ -100,8 +116,9 @@ pub fn init() -> bool {
     true
 }
 
-/// Stops using this thread's ring for reads that have not started.
+/// Stops using this thread's ring, for good, for reads that have not started.
 pub fn disable() {
+    REFUSED.with(|r| r.set(true));
     RING.with(|r| r.borrow_mut().take());
 }
 
@@ -115,16 +132,16 @@ pub fn available() -> bool {
 /// the file from the submission on. Panics without a ring (`available`).
 pub async fn read(fd: RawFd, pos: u64, len: usize) -> io::Result<Bytes> {
     assert!(
-        pos % pool::ALIGN as u64 == 0 && len % pool::ALIGN == 0,
+        pos.is_multiple_of(pool::ALIGN as u64) && len.is_multiple_of(pool::ALIGN),
         "unaligned Direct I/O read of {len} bytes at {pos}"
     );
     let len32 = u32::try_from(len).map_err(|_| io::Error::other("a read over 4 GiB"))?;
     let ring = RING
         .with(|r| r.borrow().clone())
         .expect("a ring on this thread");
-    let _slot = ring
-        .slots
-        .acquire_permit(1)
+    // The slot is the reaper's to give back, once the read completed.
+    ring.slots
+        .acquire(1)
         .await
         .map_err(|e| io::Error::other(e.to_string()))?;
     let mut buf = pool::buffer(len);
@@ -134,19 +151,15 @@ pub async fn read(fd: RawFd, pos: u64, len: usize) -> io::Result<Bytes> {
         let i = ops
             .iter()
             .position(Option::is_none)
-            .expect("a free slot: reads in flight are bounded by the semaphore");
+            .expect("a free slot: the semaphore counts the free ones");
         let read = opcode::Read::new(types::Fd(fd), buf.as_mut_ptr(), len32)
             .offset(pos)
             .build()
             .flags(squeue::Flags::IO_HARDLINK)
             .user_data(i as u64);
-        let wake = opcode::Write::new(
-            types::Fd(ring.wake_tx.as_raw_fd()),
-            WAKE_BYTE.as_ptr(),
-            1,
-        )
-        .build()
-        .user_data(WAKE);
+        let wake = opcode::Write::new(types::Fd(ring.wake_tx.as_raw_fd()), WAKE_BYTE.as_ptr(), 1)
+            .build()
+            .user_data(WAKE);
         let mut uring = ring.ring.borrow_mut();
         // SAFETY: the read's buffer is `buf`, which moves into `ops[i]` below (its memory
         // stays put) and leaves it only when the read's completion is reaped, or never (a
@@ -155,22 +168,13 @@ pub async fn read(fd: RawFd, pos: u64, len: usize) -> io::Result<Bytes> {
         unsafe { uring.submission().push_multiple(&[read, wake]) }
             .expect("room: every submission is submitted before the next one is pushed");
         ops[i] = Some(Op { buf, done });
-    }
-    // Once pushed, the entries go to the kernel with this submission or, should it fail,
-    // the next one; the read then completes whether or not anyone still waits for it.
-    loop {
-        match ring.ring.borrow().submit() {
-            Ok(_) => break,
-            // EINTR, EAGAIN (no memory for the requests now), EBUSY (completions to reap).
-            Err(e) if matches!(e.raw_os_error(), Some(4 | 11 | 16)) => {
-                glommio::executor().yield_now().await;
-            }
-            Err(e) => {
-                // The read keeps its slot: its entries may still reach the kernel.
-                std::mem::forget(_slot);
-                tracing::error!(error = %e, "io_uring submission failed");
-                return Err(e);
-            }
+        if let Err(e) = submit_all(&mut uring) {
+            // What was pushed may never reach the kernel, or reach it later with a
+            // descriptor its owner closed meanwhile: no one submits to this ring again.
+            tracing::error!(error = %e, "io_uring submission failed: Direct I/O reads go through glommio from now on");
+            drop((uring, ops));
+            disable();
+            return Err(e);
         }
     }
     let (mut buf, res) = result
@@ -184,21 +188,51 @@ pub async fn read(fd: RawFd, pos: u64, len: usize) -> io::Result<Bytes> {
     Ok(buf.into_bytes())
 }
 
+/// Submits everything pushed, retrying only on EINTR: nothing awaits in between.
+fn submit_all(uring: &mut IoUring) -> io::Result<()> {
+    for _ in 0..100 {
+        match uring.submit() {
+            Ok(_) if uring.submission().is_empty() => return Ok(()),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::other(
+        "the ring took no submissions in 100 tries",
+    ))
+}
+
 /// Reads the wake-up bytes and hands each completed read its result, until the ring goes.
-async fn reap(ring: std::rc::Weak<Ring>, mut wake_rx: UnixStream) {
+async fn reap(ring: Weak<Ring>, mut wake_rx: UnixStream) {
     let mut woken = [0u8; 256];
     loop {
-        match wake_rx.read(&mut woken).await {
-            Ok(0) => return,
-            Ok(_) => {}
-            Err(e) => {
-                tracing::error!(error = %e, "the io_uring wake-up socket failed: reads on this shard stop");
-                return;
+        let woke = {
+            let read = wake_rx.read(&mut woken);
+            let timer = glommio::timer::sleep(REAP_EVERY);
+            futures::pin_mut!(read, timer);
+            match futures::future::select(read, timer).await {
+                Either::Left((read, _)) => Some(read),
+                Either::Right(_) => None,
             }
-        }
+        };
         let Some(ring) = ring.upgrade() else {
             return;
         };
+        match woke {
+            Some(Ok(0)) => return,
+            Some(Err(e)) => {
+                tracing::error!(error = %e, "the io_uring wake-up socket failed: Direct I/O reads go through glommio from now on");
+                disable();
+                // Fail the reads waiting; their buffers stay, for the kernel may still
+                // write into them.
+                for op in ring.ops.borrow_mut().iter_mut().filter_map(Option::take) {
+                    std::mem::forget(op.buf);
+                }
+                return;
+            }
+            Some(Ok(_)) | None => {}
+        }
         let mut completed = Vec::new();
         for cqe in ring.ring.borrow_mut().completion() {
             match cqe.user_data() {
@@ -213,6 +247,7 @@ async fn reap(ring: std::rc::Weak<Ring>, mut wake_rx: UnixStream) {
             let op = ring.ops.borrow_mut()[i]
                 .take()
                 .expect("a completion for a read in flight");
+            ring.slots.signal(1);
             // The read's future may be gone; its buffer is then dropped here.
             let _ = op.done.send((op.buf, res));
         }

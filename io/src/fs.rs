@@ -130,8 +130,11 @@ pub async fn probe_direct_reads(dir: &Path) -> bool {
         // The shard's own ring must read the same block, or is not used.
         if uring::init() {
             let own = uring::read(file.as_raw_fd(), 0, block.len()).await;
-            if !own.as_ref().is_ok_and(|own| own[..] == block[..]) {
-                tracing::warn!(dir = %dir.display(), result = ?own.map(|b| b.len()), "a Direct I/O read on the shard's own io_uring failed or returned other bytes than written: reading through glommio");
+            if !own
+                .as_ref()
+                .is_some_and(|own| own.as_ref().is_ok_and(|own| own[..] == block[..]))
+            {
+                tracing::warn!(dir = %dir.display(), result = ?own.map(|r| r.map(|b| b.len())), "a Direct I/O read on the shard's own io_uring failed or returned other bytes than written: reading through glommio");
                 uring::disable();
             }
         }
@@ -337,8 +340,8 @@ impl FsReader for GlommioReader {
                 // Whole aligned blocks are read: count those.
                 let whole = (skip + len).next_multiple_of(align as usize);
                 let _turn = read_gate::read_turn(whole as u64).await;
-                if uring::available() {
-                    let r = uring::read(f.as_raw_fd(), aligned, whole).await?;
+                if let Some(r) = uring::read(f.as_raw_fd(), aligned, whole).await {
+                    let r = r?;
                     let len = len.min(r.len().saturating_sub(skip));
                     return Ok(r.slice(skip.min(r.len())..).slice(..len));
                 }

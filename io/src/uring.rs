@@ -14,8 +14,10 @@
 //! most `IN_FLIGHT_MAX` reads in flight on it, and a buffer stays owned by the ring until
 //! its read completed, whatever became of the read's future. A read is pushed and submitted
 //! without an await in between, so its descriptor is the kernel's before the caller can
-//! close it. Should anything about the ring fail (a submission, the wake-up socket), the
-//! thread stops using it for good: reads go through glommio again.
+//! close it (a linked request's descriptor is looked up only when it runs, so the wake-up
+//! socket is a file registered with the ring, which holds it as long as it lives). Should
+//! anything about the ring fail (a submission, the wake-up socket), the thread retires it
+//! for good, and reads, those waiting included, go through glommio again.
 
 #![allow(unsafe_code)] // submissions to the ring; each says why it is sound
 
@@ -46,6 +48,7 @@ static WAKE_BYTE: [u8; 1] = [1];
 
 /// How often the reaper looks at the ring without a wake-up while reads are in flight: a
 /// safety net, should a wake-up not come (a read refused at submission cancels its link).
+/// An idle ring is not looked at.
 const REAP_EVERY: Duration = Duration::from_millis(100);
 
 thread_local! {
@@ -65,15 +68,31 @@ struct Ring {
     /// Reads in flight, by `user_data`; `None` where free.
     ops: RefCell<Vec<Option<Op>>>,
     /// Free entries of `ops`: taken by a read before it pushes, given back by the reaper.
+    /// Closed when the ring retires.
     slots: Semaphore,
-    /// The end of the socket pair the wake-ups are written to (kept open with it).
-    wake_tx: std::os::unix::net::UnixStream,
+    /// Set when the ring retires: nothing is pushed or submitted to it any more (entries a
+    /// failed submission left would go to the kernel with descriptors closed since).
+    retired: Cell<bool>,
+}
+
+impl Ring {
+    fn retire(&self) {
+        self.retired.set(true);
+        self.slots.close();
+        REFUSED.with(|r| r.set(true));
+        RING.with(|r| r.borrow_mut().take());
+    }
+
+    fn in_flight(&self) -> bool {
+        self.ops.borrow().iter().any(Option::is_some)
+    }
 }
 
 impl Drop for Ring {
     fn drop(&mut self) {
         // The kernel may still write into the buffers of reads in flight after the ring's
-        // descriptor closed: leak them (this happens only as the thread ends).
+        // descriptor closed: leak them (this happens only as the thread ends, or after the
+        // ring retired).
         for op in self.ops.get_mut().drain(..).flatten() {
             std::mem::forget(op.buf);
         }
@@ -81,7 +100,7 @@ impl Drop for Ring {
 }
 
 /// Makes this thread's ring and starts the task that reaps it; false (and logged) when the
-/// kernel refuses a ring (or one failed before on this thread), and reads then stay with
+/// kernel refuses a ring, or one failed before on this thread, and reads then stay with
 /// glommio. Idempotent.
 pub fn init() -> bool {
     if REFUSED.with(Cell::get) {
@@ -93,15 +112,19 @@ pub fn init() -> bool {
     let made = (|| {
         let ring = IoUring::new(ENTRIES)?;
         let (wake_tx, wake_rx) = std::os::unix::net::UnixStream::pair()?;
+        // The ring holds the sending end from here on (`types::Fixed(0)`); this descriptor
+        // of it closes at the end of this closure.
+        ring.submitter().register_files(&[wake_tx.as_raw_fd()])?;
         // SAFETY: `into_raw_fd` gives up the descriptor, which the glommio stream now owns
         // alone.
         let wake_rx = unsafe { UnixStream::from_raw_fd(wake_rx.into_raw_fd()) };
-        Ok::<_, io::Error>((ring, wake_tx, wake_rx))
+        Ok::<_, io::Error>((ring, wake_rx))
     })();
-    let (ring, wake_tx, wake_rx) = match made {
+    let (ring, wake_rx) = match made {
         Ok(made) => made,
         Err(e) => {
             tracing::warn!(error = %e, "no io_uring of the shard's own: Direct I/O reads go through glommio, with one more copy");
+            REFUSED.with(|r| r.set(true));
             return false;
         }
     };
@@ -109,41 +132,45 @@ pub fn init() -> bool {
         ring: RefCell::new(ring),
         ops: RefCell::new((0..IN_FLIGHT_MAX).map(|_| None).collect()),
         slots: Semaphore::new(IN_FLIGHT_MAX as u64),
-        wake_tx,
+        retired: Cell::new(false),
     });
     glommio::spawn_local(reap(Rc::downgrade(&ring), wake_rx)).detach();
     RING.with(|r| *r.borrow_mut() = Some(ring));
     true
 }
 
-/// Stops using this thread's ring, for good, for reads that have not started.
+/// Retires this thread's ring, for good: later reads, and those waiting, go through glommio.
 pub fn disable() {
-    REFUSED.with(|r| r.set(true));
-    RING.with(|r| r.borrow_mut().take());
+    let ring = RING.with(|r| r.borrow().clone());
+    match ring {
+        Some(ring) => ring.retire(),
+        None => REFUSED.with(|r| r.set(true)),
+    }
 }
 
-/// Whether this thread has a ring (`init` succeeded on it).
+/// Whether this thread has a ring (`init` succeeded on it, and it has not retired).
 pub fn available() -> bool {
     RING.with(|r| r.borrow().is_some())
 }
 
 /// Reads up to `len` bytes at `pos` of `fd`, both multiples of [`pool::ALIGN`] (fewer at the
-/// end of the file). `fd` must stay open until this returns or is dropped; the kernel holds
-/// the file from the submission on. Panics without a ring (`available`).
-pub async fn read(fd: RawFd, pos: u64, len: usize) -> io::Result<Bytes> {
+/// end of the file). `fd` must stay open until this returns or is dropped. `None` when this
+/// thread has no ring, or it retired before the read was submitted: read elsewhere.
+pub async fn read(fd: RawFd, pos: u64, len: usize) -> Option<io::Result<Bytes>> {
     assert!(
         pos.is_multiple_of(pool::ALIGN as u64) && len.is_multiple_of(pool::ALIGN),
         "unaligned Direct I/O read of {len} bytes at {pos}"
     );
-    let len32 = u32::try_from(len).map_err(|_| io::Error::other("a read over 4 GiB"))?;
-    let ring = RING
-        .with(|r| r.borrow().clone())
-        .expect("a ring on this thread");
-    // The slot is the reaper's to give back, once the read completed.
-    ring.slots
-        .acquire(1)
-        .await
-        .map_err(|e| io::Error::other(e.to_string()))?;
+    let Ok(len32) = u32::try_from(len) else {
+        return Some(Err(io::Error::other("a read over 4 GiB")));
+    };
+    let ring = RING.with(|r| r.borrow().clone())?;
+    // The slot is the reaper's to give back, once the read completed. A retired ring
+    // closed the semaphore.
+    ring.slots.acquire(1).await.ok()?;
+    if ring.retired.get() {
+        return None;
+    }
     let mut buf = pool::buffer(len);
     let (done, result) = oneshot::channel();
     {
@@ -157,35 +184,35 @@ pub async fn read(fd: RawFd, pos: u64, len: usize) -> io::Result<Bytes> {
             .build()
             .flags(squeue::Flags::IO_HARDLINK)
             .user_data(i as u64);
-        let wake = opcode::Write::new(types::Fd(ring.wake_tx.as_raw_fd()), WAKE_BYTE.as_ptr(), 1)
+        let wake = opcode::Write::new(types::Fixed(0), WAKE_BYTE.as_ptr(), 1)
             .build()
             .user_data(WAKE);
         let mut uring = ring.ring.borrow_mut();
         // SAFETY: the read's buffer is `buf`, which moves into `ops[i]` below (its memory
         // stays put) and leaves it only when the read's completion is reaped, or never (a
         // ring dropped with reads in flight leaks their buffers); the wake-up writes a
-        // static byte.
+        // static byte to the file registered at 0.
         unsafe { uring.submission().push_multiple(&[read, wake]) }
             .expect("room: every submission is submitted before the next one is pushed");
         ops[i] = Some(Op { buf, done });
         if let Err(e) = submit_all(&mut uring) {
-            // What was pushed may never reach the kernel, or reach it later with a
-            // descriptor its owner closed meanwhile: no one submits to this ring again.
             tracing::error!(error = %e, "io_uring submission failed: Direct I/O reads go through glommio from now on");
             drop((uring, ops));
-            disable();
-            return Err(e);
+            ring.retire();
+            return None;
         }
     }
-    let (mut buf, res) = result
-        .await
-        .map_err(|_| io::Error::other("the io_uring reaper stopped"))?;
+    let Ok((mut buf, res)) = result.await else {
+        return Some(Err(io::Error::other(
+            "the shard's io_uring retired under a read",
+        )));
+    };
     if res < 0 {
-        return Err(io::Error::from_raw_os_error(-res));
+        return Some(Err(io::Error::from_raw_os_error(-res)));
     }
     // SAFETY: the kernel wrote the `res` bytes the read returned.
     unsafe { buf.set_len(res as usize) };
-    Ok(buf.into_bytes())
+    Some(Ok(buf.into_bytes()))
 }
 
 /// Submits everything pushed, retrying only on EINTR: nothing awaits in between.
@@ -207,13 +234,22 @@ fn submit_all(uring: &mut IoUring) -> io::Result<()> {
 async fn reap(ring: Weak<Ring>, mut wake_rx: UnixStream) {
     let mut woken = [0u8; 256];
     loop {
+        let in_flight = match ring.upgrade() {
+            Some(ring) => ring.in_flight(),
+            None => return,
+        };
         let woke = {
             let read = wake_rx.read(&mut woken);
-            let timer = glommio::timer::sleep(REAP_EVERY);
-            futures::pin_mut!(read, timer);
-            match futures::future::select(read, timer).await {
-                Either::Left((read, _)) => Some(read),
-                Either::Right(_) => None,
+            futures::pin_mut!(read);
+            if in_flight {
+                let timer = glommio::timer::sleep(REAP_EVERY);
+                futures::pin_mut!(timer);
+                match futures::future::select(read, timer).await {
+                    Either::Left((read, _)) => Some(read),
+                    Either::Right(_) => None,
+                }
+            } else {
+                Some(read.await)
             }
         };
         let Some(ring) = ring.upgrade() else {
@@ -223,7 +259,7 @@ async fn reap(ring: Weak<Ring>, mut wake_rx: UnixStream) {
             Some(Ok(0)) => return,
             Some(Err(e)) => {
                 tracing::error!(error = %e, "the io_uring wake-up socket failed: Direct I/O reads go through glommio from now on");
-                disable();
+                ring.retire();
                 // Fail the reads waiting; their buffers stay, for the kernel may still
                 // write into them.
                 for op in ring.ops.borrow_mut().iter_mut().filter_map(Option::take) {

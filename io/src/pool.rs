@@ -4,15 +4,17 @@
 //! a Direct I/O read landed in ([`crate::uring`]), or a copy out of the I/O buffer (or of
 //! joined cached chunks). A fresh allocation of a megabyte is fresh pages from the kernel
 //! every time (the allocator hands large blocks back between reads), and faulting them in
-//! cost more than the copy itself. So large buffers go back to a per-thread free list when
-//! their bytes are dropped, bounded in count and size. Every buffer is page-aligned, so
-//! Direct I/O can read into it.
+//! cost more than the copy itself. So large buffers go back to a free list when their bytes
+//! are dropped, bounded in count and size: the list of the thread that took them, wherever
+//! they are dropped (a Fetch reads on the shard that owns the partition and writes to the
+//! socket on the connection's). Every buffer is page-aligned, so Direct I/O can read into
+//! it.
 
 #![allow(unsafe_code)] // the aligned allocation; each use says why it is sound
 
 use std::alloc::Layout;
-use std::cell::RefCell;
 use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
 
@@ -30,11 +32,25 @@ const FREE_BYTES_MAX: usize = 24 << 20;
 /// Every buffer starts on a page: what Direct I/O needs of memory it reads into.
 pub const ALIGN: usize = 4096;
 
-thread_local! {
-    /// Free buffers, and their capacities' sum.
-    static FREE: RefCell<(Vec<AlignedBuf>, usize)> = const { RefCell::new((Vec::new(), 0)) };
+/// A thread's free buffers: shared with the threads that drop its buffers' bytes.
+type Home = Arc<Mutex<Free>>;
+
+#[derive(Default)]
+struct Free {
+    /// Free buffers of `POOLED_MIN..=POOLED_MAX` bytes, and their capacities' sum.
+    list: Vec<AlignedBuf>,
+    bytes: usize,
     /// Free one-page buffers.
-    static PAGES: RefCell<Vec<AlignedBuf>> = const { RefCell::new(Vec::new()) };
+    pages: Vec<AlignedBuf>,
+}
+
+thread_local! {
+    static HOME: Home = Home::default();
+}
+
+/// `home`'s free buffers, locked (a thread that panicked holding them left them sound).
+fn lock(home: &Home) -> MutexGuard<'_, Free> {
+    home.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Page-aligned memory of a fixed capacity, of which the first `len` bytes are set.
@@ -108,7 +124,13 @@ impl AlignedBuf {
     /// Into the bytes it holds; the buffer goes back to the dropping thread's free list with
     /// the last of them.
     pub fn into_bytes(self) -> Bytes {
-        Bytes::from_owner(Pooled(Some(self)))
+        match HOME.try_with(Arc::clone) {
+            Ok(home) => Bytes::from_owner(Pooled {
+                buf: Some(self),
+                home,
+            }),
+            Err(_) => Bytes::from_owner(self),
+        }
     }
 }
 
@@ -127,57 +149,55 @@ impl Drop for AlignedBuf {
     }
 }
 
-/// A buffer that returns to this thread's free list when dropped.
-struct Pooled(Option<AlignedBuf>);
+/// A buffer that returns to its home's free list when dropped.
+struct Pooled {
+    buf: Option<AlignedBuf>,
+    home: Home,
+}
 
 impl AsRef<[u8]> for Pooled {
     fn as_ref(&self) -> &[u8] {
-        self.0.as_ref().map_or(&[], |b| b.as_ref())
+        self.buf.as_ref().map_or(&[], |b| b.as_ref())
     }
 }
 
 impl Drop for Pooled {
     fn drop(&mut self) {
-        let Some(buf) = self.0.take() else {
+        let Some(buf) = self.buf.take() else {
             return;
         };
-        // At thread exit the lists may be gone already; the buffer is then freed.
+        let free = &mut *lock(&self.home);
         if buf.capacity == ALIGN {
-            let _ = PAGES.try_with(|pages| {
-                let mut pages = pages.borrow_mut();
-                if pages.len() < PAGES_MAX {
-                    pages.push(buf);
-                }
-            });
-            return;
-        }
-        if !(POOLED_MIN..=POOLED_MAX).contains(&buf.capacity) {
-            return;
-        }
-        let _ = FREE.try_with(|free| {
-            let (list, bytes) = &mut *free.borrow_mut();
-            if *bytes + buf.capacity <= FREE_BYTES_MAX {
-                *bytes += buf.capacity;
-                list.push(buf);
+            if free.pages.len() < PAGES_MAX {
+                free.pages.push(buf);
             }
-        });
+        } else if (POOLED_MIN..=POOLED_MAX).contains(&buf.capacity)
+            && free.bytes + buf.capacity <= FREE_BYTES_MAX
+        {
+            free.bytes += buf.capacity;
+            free.list.push(buf);
+        }
     }
 }
 
 /// An empty aligned buffer for at least `len` bytes: a free one of this thread's when one
 /// fits.
 pub fn buffer(len: usize) -> AlignedBuf {
-    let mut buf = if len <= ALIGN {
-        PAGES
-            .try_with(|pages| pages.borrow_mut().pop())
-            .ok()
-            .flatten()
-    } else if len >= POOLED_MIN {
-        FREE.try_with(|free| take(&mut free.borrow_mut(), len))
-            .ok()
-            .flatten()
-    } else {
-        None
+    let free = |len: usize| {
+        // At thread exit the list may be gone already: a fresh buffer then.
+        HOME.try_with(|home| {
+            let free = &mut *lock(home);
+            match len <= ALIGN {
+                true => free.pages.pop(),
+                false => take(free, len),
+            }
+        })
+        .ok()
+        .flatten()
+    };
+    let mut buf = match len <= ALIGN || len >= POOLED_MIN {
+        true => free(len),
+        false => None,
     }
     .unwrap_or_else(|| match len >= POOLED_MIN {
         true => AlignedBuf::new((len + ALIGN).next_multiple_of(POOLED_STEP)),
@@ -202,15 +222,16 @@ pub fn concat(parts: &[&[u8]], len: usize) -> Bytes {
 
 /// The free buffer that fits `len` bytes most closely, if one fits without wasting more
 /// than half of itself.
-fn take((list, bytes): &mut (Vec<AlignedBuf>, usize), len: usize) -> Option<AlignedBuf> {
+fn take(free: &mut Free, len: usize) -> Option<AlignedBuf> {
     let fits = |b: &AlignedBuf| b.capacity >= len && b.capacity <= 2 * len;
-    let (i, _) = list
+    let (i, _) = free
+        .list
         .iter()
         .enumerate()
         .filter(|(_, b)| fits(b))
         .min_by_key(|(_, b)| b.capacity)?;
-    let buf = list.swap_remove(i);
-    *bytes -= buf.capacity;
+    let buf = free.list.swap_remove(i);
+    free.bytes -= buf.capacity;
     Some(buf)
 }
 
@@ -258,6 +279,14 @@ mod tests {
             page_ptr,
             "pages are reused too"
         );
+    }
+
+    #[test]
+    fn bytes_dropped_on_another_thread_return_their_buffer_home() {
+        let bytes = buffer(1 << 20).into_bytes();
+        let ptr = bytes.as_ptr();
+        std::thread::spawn(move || drop(bytes)).join().unwrap();
+        assert_eq!(buffer(1 << 20).as_ref().as_ptr(), ptr);
     }
 
     #[test]

@@ -1424,30 +1424,16 @@ async fn read_from_segment<R: FsReader>(
     oversized_first: bool,
 ) -> Result<Option<Bytes>, LogError> {
     let (mut pos, end) = (span.start, span.end);
-    // One read usually serves both the search and the records: it starts where the index
-    // points and holds `max_bytes`. Another is made only for what it does not hold.
-    let mut held = (pos, Bytes::new());
-    let read = |at: u64, len: usize| async move {
-        let len = (len.max(max_bytes) as u64).min(end - at) as usize;
-        let bytes = file
-            .read_at(at, len)
-            .await
-            .map_err(|e| io_error("reading", path, e))?;
-        Ok::<_, LogError>((at, bytes))
-    };
-    let holds = |held: &(u64, Bytes), at: u64, len: usize| {
-        at >= held.0 && at + len as u64 <= held.0 + held.1.len() as u64
-    };
     // Find the batch that contains `offset`: at most one index interval of headers.
     let first = loop {
         if pos + HEADER_BYTES as u64 > end {
             return Ok(None);
         }
-        if !holds(&held, pos, HEADER_BYTES) {
-            held = read(pos, HEADER_BYTES).await?;
-        }
-        let at = (pos - held.0) as usize;
-        let header = BatchHeader::parse(&held.1[at..]).map_err(LogError::InvalidBatch)?;
+        let r = file
+            .read_at(pos, HEADER_BYTES)
+            .await
+            .map_err(|e| io_error("reading", path, e))?;
+        let header = BatchHeader::parse(&r).map_err(LogError::InvalidBatch)?;
         if header.next_offset() > offset {
             break header;
         }
@@ -1457,12 +1443,10 @@ async fn read_from_segment<R: FsReader>(
         return Ok(Some(Bytes::new()));
     }
     let want = (first.total_bytes().max(max_bytes) as u64).min(end - pos) as usize;
-    if !holds(&held, pos, want) {
-        held = read(pos, want).await?;
-    }
-    // Fewer at the end of the file.
-    let from = (pos - held.0) as usize;
-    let r = held.1.slice(from..(from + want).min(held.1.len()));
+    let r = file
+        .read_at(pos, want)
+        .await
+        .map_err(|e| io_error("reading", path, e))?;
     // Keep whole batches below the limit; the first is always whole (it fits `want`).
     let mut keep = 0;
     let mut rest = &r[..];
@@ -1486,7 +1470,7 @@ async fn read_from_segment<R: FsReader>(
         rest = &rest[header.total_bytes()..];
     }
     // The bytes hold on to the whole buffer read: copied when they would waste most of it.
-    if keep < held.1.len() / 2 {
+    if keep < r.len() / 2 {
         return Ok(Some(crate::pool::concat(&[&r[..keep]], keep)));
     }
     Ok(Some(r.slice(..keep)))

@@ -121,8 +121,8 @@ impl AlignedBuf {
         self.len += bytes.len();
     }
 
-    /// Into the bytes it holds; the buffer goes back to the dropping thread's free list with
-    /// the last of them.
+    /// Into the bytes it holds; the buffer goes back to this thread's free list with the
+    /// last of them, wherever that is dropped.
     pub fn into_bytes(self) -> Bytes {
         match HOME.try_with(Arc::clone) {
             Ok(home) => Bytes::from_owner(Pooled {
@@ -171,9 +171,13 @@ impl Drop for Pooled {
             if free.pages.len() < PAGES_MAX {
                 free.pages.push(buf);
             }
-        } else if (POOLED_MIN..=POOLED_MAX).contains(&buf.capacity)
-            && free.bytes + buf.capacity <= FREE_BYTES_MAX
-        {
+        } else if (POOLED_MIN..=POOLED_MAX).contains(&buf.capacity) {
+            // The oldest free buffers make room: sizes that stopped being asked for (a
+            // burst of large reads) do not keep the list full for good.
+            while free.bytes + buf.capacity > FREE_BYTES_MAX {
+                let oldest = free.list.remove(0);
+                free.bytes -= oldest.capacity;
+            }
             free.bytes += buf.capacity;
             free.list.push(buf);
         }
@@ -262,6 +266,20 @@ mod tests {
         drop(big);
         let fitting = concat(&[&a], a.len());
         assert_ne!(fitting.as_ptr(), big_ptr);
+    }
+
+    #[test]
+    fn the_oldest_free_buffers_make_room() {
+        let big: Vec<Bytes> = (0..FREE_BYTES_MAX / POOLED_MAX)
+            .map(|_| buffer(POOLED_MAX - POOLED_STEP).into_bytes())
+            .collect();
+        drop(big);
+        // The list is full of buffers too large for a megabyte; the next ones still pool.
+        let small = buffer(1 << 20).into_bytes();
+        let ptr = small.as_ptr();
+        drop(small);
+        assert_eq!(buffer(1 << 20).as_ref().as_ptr(), ptr);
+        HOME.with(|home| assert!(lock(home).bytes <= FREE_BYTES_MAX));
     }
 
     #[test]

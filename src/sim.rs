@@ -43,20 +43,24 @@
 //!   begins to lead (`follow_leadership`, as the shard's tick loop does);
 //! - committers (the clients) commit their positions 1, 2, 3, ... one request at a time
 //!   (`commit_offset`, the OffsetCommit handler's path: `group::check_coordinator`, then
-//!   `group::write_offsets`); two fetchers ask for them (`fetch_offset`, OffsetFetch's
+//!   `group::write_offsets`), and after one commit in eight delete them before the next
+//!   (`delete_offset`: DeleteGroups' path, `group::delete_group`, or OffsetDelete's,
+//!   `group::delete_offsets`); two fetchers ask for them (`fetch_offset`, OffsetFetch's
 //!   path);
 //! - each leader rewrites the live state every few seconds and moves the log start past the
-//!   older records (`rewriter`, `group::rewrite`); time and size retention do not run, as
+//!   older records (`rewriter`, `group::rewrite`), and expires the offsets of committers
+//!   that committed nothing for 2 s (`expirer`, `group::write_expiries`); time and size retention do not run, as
 //!   the topic is compact-only, and no DeleteRecords either.
 //!
 //! Its checkers are the world's (replicas agree and converge, commits are acknowledged again
-//! once the faults heal) and `Checker::offset_fetched`: no OffsetFetch answers less than an
-//! offset acknowledged or answered before it was asked, nor an offset never sent.
+//! once the faults heal) and `Checker::offset_fetched`: no OffsetFetch answers a state older
+//! than one acknowledged or answered before it was asked (a lower offset, or none where no
+//! deletion sent since explains it, or an offset from before a deletion), nor an offset
+//! never sent.
 //!
 //! Not simulated yet: quiescence and the coalesced beats (`Replica::tend`; leaders run check
 //! quorum as the bare world does), preferred-leader handovers, long-polling fetches,
-//! ListOffsets by timestamp, the controller, and in the coordinator group rebalances, offset
-//! expiry and group deletion.
+//! ListOffsets by timestamp, the controller, and in the coordinator group rebalances.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -307,8 +311,10 @@ impl OffsetsLog for Node {
 /// for, so a replica restarted from one before its purge moved its log start forgets it;
 /// `f` (with `--groups`), issue 17's defect f (offsets shown before their write is durable);
 /// `load-start` (with `--groups`), loads that replay from the log's own start, so a leader
-/// that applied a rewrite's log-start entry before its log moved there fails to load.
-pub const UNFIXES: [&str; 9] = [
+/// that applied a rewrite's log-start entry before its log moved there fails to load;
+/// `group-delete` (with `--groups`), DeleteGroups shown before its tombstones are durable;
+/// `expire` (with `--groups`), expired offsets gone before their tombstones are durable.
+pub const UNFIXES: [&str; 11] = [
     "c",
     "producers",
     "lease",
@@ -318,10 +324,12 @@ pub const UNFIXES: [&str; 9] = [
     "snapshot-start",
     "f",
     "load-start",
+    "group-delete",
+    "expire",
 ];
 
 /// The fixes of `UNFIXES` that only `--groups` runs.
-pub const GROUPS_UNFIXES: [&str; 2] = ["f", "load-start"];
+pub const GROUPS_UNFIXES: [&str; 4] = ["f", "load-start", "group-delete", "expire"];
 
 /// The broker's replica on every node (see the module doc).
 pub struct ReplicaMode {
@@ -368,6 +376,8 @@ impl Mode for ReplicaMode {
         unfix::set_snapshots_without_log_start(undone("snapshot-start"));
         group::unfix::set_offsets_shown_at_append(undone("f"));
         group::unfix::set_loads_from_the_stored_start(undone("load-start"));
+        group::unfix::set_groups_deleted_at_append(undone("group-delete"));
+        group::unfix::set_expiries_shown_at_append(undone("expire"));
         let groups = self.groups;
         async move {
             let NodeCtx {
@@ -435,6 +445,7 @@ impl Mode for ReplicaMode {
             if groups {
                 spawn_on(node, follow_leadership(node, this.clone()));
                 spawn_on(node, rewriter(node, this.clone(), checker.clone()));
+                spawn_on(node, expirer(this.clone(), checker.clone()));
             }
             nodes.borrow_mut().insert(node, this);
             if check_quorum {
@@ -921,6 +932,30 @@ async fn rewriter(id: NodeId, node: Rc<Node>, checker: Rc<Checker>) {
     }
 }
 
+/// `offsets.retention.minutes` here: a committer's offset expires once it committed nothing
+/// for this long (the broker's default is 7 days), which faults make it do now and then.
+const RETENTION_MS: i64 = 5000;
+
+/// What the shard's tick loop does every `offsets.retention.check.interval.ms` (here 1 s):
+/// a coordinator writes the tombstones of the offsets that expired
+/// (`GroupCoordinator::expiries`, `group::write_expiries`), each told to the checker first,
+/// as a deletion the committer did not send. It stops with the clients.
+async fn expirer(node: Rc<Node>, checker: Rc<Checker>) {
+    loop {
+        SimRuntime::sleep(Duration::from_secs(1)).await;
+        if checker.retention_stopped() {
+            return;
+        }
+        let now = now_ms();
+        let due = node.groups.borrow().expiries(0, RETENTION_MS, now);
+        for e in &due {
+            let committer = e.group[1..].parse().expect("a committer's group");
+            checker.offset_expiring(committer);
+        }
+        group::write_expiries(&node.groups, 0, &node, &due, now).await;
+    }
+}
+
 /// An OffsetCommit of committer `committer`'s position `offset`, as a consumer that uses
 /// `assign` sends it (generation -1, no member): what the OffsetCommit handler does
 /// (`group::on_group`, then `group::write_offsets`).
@@ -961,12 +996,34 @@ fn committed_offset(node: &Node, committer: u32) -> i64 {
         .map_or(-1, |v| v.offset)
 }
 
+/// A deletion of committer `committer`'s offset, as an admin sends it:
+/// DeleteGroups of its group when `whole_group`, else OffsetDelete of its partition, each
+/// through its handler's path (`group::on_group`'s checks, then `group::delete_group` or
+/// `group::delete_offsets`).
+async fn delete_offset(
+    node: Rc<Node>,
+    committer: u32,
+    whole_group: bool,
+) -> Result<(), BrokerError> {
+    group::check_coordinator(&node.groups, 0, &*node).await?;
+    let (group_id, now) = (format!("g{committer}"), now_ms());
+    if whole_group {
+        return group::delete_group(&node.groups, 0, &node, &group_id, now).await;
+    }
+    let wanted = vec![(TOPIC.to_string(), vec![committer as i32])];
+    group::delete_offsets(&node.groups, 0, &node, &group_id, wanted, now)
+        .await
+        .map(drop)
+}
+
 /// A consumer that commits its position (`--groups`): committer `id` commits offsets 1, 2,
 /// 3, ... of its partition in its own group, through the node it believes coordinates,
 /// moving on once a commit is acknowledged, as a consumer's `commitSync` does. It sends
 /// a commit again only once the last request was answered or was lost with its node: a
 /// commit still on its way could land after the next one and move the offset back, as in
-/// Kafka.
+/// Kafka. After one commit in eight it deletes its offset (DeleteGroups or OffsetDelete,
+/// `delete_offset`) the same way before it commits the next: GROUP_ID_NOT_FOUND says the
+/// group is gone, a deletion done.
 async fn committer(id: u32, ctx: ClientCtx, nodes: Nodes) {
     let ClientCtx {
         net,
@@ -976,22 +1033,44 @@ async fn committer(id: u32, ctx: ClientCtx, nodes: Nodes) {
     } = ctx;
     let mut target = NODES[id as usize % NODES.len()];
     let mut offset = 1i64;
+    // A deletion to send before the next commit: of the whole group, or of the offset.
+    let mut deleting: Option<bool> = None;
     while !stop.get() {
         let node = nodes.borrow().get(&target).cloned();
-        checker.offset_sent(id, offset);
+        match deleting {
+            Some(_) => checker.offset_deletion_sent(id),
+            None => checker.offset_sent(id, offset),
+        }
         // Waits for the answer itself (see above), but not for a node that is not running.
         let answer = match node.clone() {
             Some(running) => {
-                let commit = move |n| commit_offset(n, id, offset);
-                request(&net, target, Some(running), commit).await
+                let send = move |n| match deleting {
+                    Some(whole_group) => delete_offset(n, id, whole_group).boxed_local(),
+                    None => commit_offset(n, id, offset).boxed_local(),
+                };
+                request(&net, target, Some(running), send).await
             }
             None => Err(Canceled),
         };
         let pause = match answer {
+            Ok(Err(BrokerError::GroupIdNotFound(_))) if deleting.is_some() => {
+                checker.offset_deleted(id, offset - 1);
+                deleting = None;
+                random_u64() % 20
+            }
+            Ok(Ok(())) if deleting.is_some() => {
+                checker.offset_deleted(id, offset - 1);
+                last_ack.set(SimInstant::now());
+                deleting = None;
+                random_u64() % 20
+            }
             Ok(Ok(())) => {
                 checker.offset_committed(id, offset);
                 last_ack.set(SimInstant::now());
                 offset += 1;
+                if random_u64().is_multiple_of(8) {
+                    deleting = Some(random_u64().is_multiple_of(2));
+                }
                 random_u64() % 20
             }
             Ok(Err(BrokerError::NotCoordinator)) => {
@@ -1000,8 +1079,13 @@ async fn committer(id: u32, ctx: ClientCtx, nodes: Nodes) {
             }
             Ok(Err(BrokerError::CoordinatorLoadInProgress)) => 50,
             Ok(Err(e)) => {
+                let what = match deleting {
+                    Some(true) => "DeleteGroups".to_string(),
+                    Some(false) => "OffsetDelete".to_string(),
+                    None => format!("commit of {offset}"),
+                };
                 checker.violation(format!(
-                    "refused: g{id}'s commit of {offset} refused by node {target}: {e}"
+                    "refused: g{id}'s {what} refused by node {target}: {e}"
                 ));
                 return;
             }

@@ -16,17 +16,27 @@ from conftest import TARGET, Broker
 from kafka_wire import (
     CREATE_PARTITIONS,
     CREATE_TOPICS,
+    DELETE_GROUPS,
     DELETE_TOPICS,
+    GROUP_ID_NOT_FOUND,
+    NOT_COORDINATOR,
+    OFFSET_DELETE,
     INCREMENTAL_ALTER_CONFIGS,
     Connection,
     create_partitions_v1,
     create_topics_v4,
+    delete_groups,
     delete_topics_v1,
+    group_call,
     incremental_alter_topic_config_v0,
+    offset_delete,
     parse_create_partitions_v1,
     parse_create_topics_v4,
+    parse_delete_groups,
     parse_delete_topics_v1,
     parse_incremental_alter_configs_v0,
+    parse_offset_delete,
+    wait_for_coordinator,
 )
 from support import wait_until
 
@@ -187,3 +197,26 @@ def test_whole_cluster_restart_keeps_metadata_and_data(cluster):
     assert len(md.partitions) == 3
     got = consume_all(cluster.bootstrap(), "durable", 300, "g-durable")
     check(sent, got)
+
+
+def test_group_deletions_sent_to_another_node_say_not_coordinator(cluster):
+    """DeleteGroups and OffsetDelete sent to a node that does not coordinate the group answer
+    NOT_COORDINATOR, as Kafka's do, so that the client looks the coordinator up again. They
+    used to answer GROUP_ID_NOT_FOUND, which tells the client that the group does not exist.
+    The coordinator itself answers GROUP_ID_NOT_FOUND for a group it does not have."""
+    group = "elsewhere"
+    coordinator = wait_for_coordinator(cluster.nodes[1].bootstrap, group)["node_id"]
+    other = next(i for i in cluster.nodes if i != coordinator)
+
+    def deletions(node_id):
+        with Connection(cluster.nodes[node_id].bootstrap) as c:
+            groups = parse_delete_groups(group_call(c, DELETE_GROUPS, 2, delete_groups([group], 2)), 2)
+            offsets = parse_offset_delete(group_call(c, OFFSET_DELETE, 0, offset_delete(group, {"t": [0]})))
+        return groups[group], offsets["error_code"]
+
+    assert deletions(other) == (NOT_COORDINATOR, NOT_COORDINATOR)
+    # The coordinator may still be loading its groups (COORDINATOR_LOAD_IN_PROGRESS).
+    wait_until(
+        lambda: deletions(coordinator) == (GROUP_ID_NOT_FOUND, GROUP_ID_NOT_FOUND),
+        "the coordinator answers GROUP_ID_NOT_FOUND",
+    )

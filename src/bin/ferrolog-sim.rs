@@ -58,8 +58,10 @@ struct Args {
     /// `snapshot-start` takes snapshots without the log start that log-start entries asked
     /// for, so a replica restarted from one before its purge moved its log start forgets
     /// it and serves deleted records once it leads; with `--groups`, `f` shows committed
-    /// offsets before their write commits (defect f of issue 17), and `load-start` loads
-    /// an offsets partition from its log's own start, not the start reads see; `straddle` lets a truncation
+    /// offsets before their write commits (defect f of issue 17), `load-start` loads
+    /// an offsets partition from its log's own start, not the start reads see, and
+    /// `group-delete` has DeleteGroups remove a group before its tombstones are durable,
+    /// and `expire` expired offsets; `straddle` lets a truncation
     /// of a log whose start lies inside its first entry's batch cut below the start; with
     /// `--log`, `g-open` calls a
     /// recovered tail durable without an fsync, `g-truncate` cuts a segment without
@@ -85,7 +87,8 @@ struct Args {
     replica: bool,
     /// With `--replica`: the partition is an offsets partition, written by the broker's
     /// group coordinator (its loads, offset writes and leadership checks) for consumers
-    /// that commit their positions, read back by OffsetFetch, instead of producers'. Not
+    /// that commit their positions, and now and then delete them (DeleteGroups,
+    /// OffsetDelete), read back by OffsetFetch, instead of producers'. Not
     /// with `--deaf`: a committer waits for each answer (so a late commit cannot land after
     /// the next one), and one sent to a deaf leader waits for its commit timeout, longer
     /// than the checks for writes during a deaf fault allow.
@@ -144,7 +147,7 @@ fn main() -> ExitCode {
             (_, true, Some(flag)) => undo |= flag,
             (other, _, _) => {
                 eprintln!(
-                    "ferrolog-sim: unknown --unfix {other:?} (known: a, h, purge, straddle; with --replica: c, producers, lease, reads, resync, read-start, snapshot-start, and with --groups f, load-start; with --log: g-open, g-truncate, g-index, g-finish, g-start, g-read, g-failed, g-orphan, g-cut-read, g-start-past-end)"
+                    "ferrolog-sim: unknown --unfix {other:?} (known: a, h, purge, straddle; with --replica: c, producers, lease, reads, resync, read-start, snapshot-start, and with --groups f, load-start, group-delete, expire; with --log: g-open, g-truncate, g-index, g-finish, g-start, g-read, g-failed, g-orphan, g-cut-read, g-start-past-end)"
                 );
                 return ExitCode::from(2);
             }
@@ -272,7 +275,7 @@ fn check(o: &Options, no_shrink: bool) -> bool {
     let outcome = run(o);
     if outcome.violations.is_empty() {
         println!(
-            "seed {}: ok, {} acks, {} faults, fingerprint {:016x}, {:.1}s; failed disks stopped {} Raft cores; {} purges, {} log starts inside a batch, {} snapshots installed, {} batches read, {} DeleteRecords answered, {} offset commits, {} offset fetches, {} rewrites",
+            "seed {}: ok, {} acks, {} faults, fingerprint {:016x}, {:.1}s; failed disks stopped {} Raft cores; {} purges, {} log starts inside a batch, {} snapshots installed, {} batches read, {} DeleteRecords answered, {} offset commits, {} offset fetches, {} rewrites, {} offset deletions, {} expiries",
             o.seed,
             outcome.acked,
             outcome.faults,
@@ -286,7 +289,9 @@ fn check(o: &Options, no_shrink: bool) -> bool {
             outcome.deletes,
             outcome.offset_commits,
             outcome.offset_fetches,
-            outcome.rewrites
+            outcome.rewrites,
+            outcome.offset_deletes,
+            outcome.offset_expiries
         );
         return true;
     }

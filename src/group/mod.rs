@@ -41,7 +41,7 @@ pub mod codec;
 pub mod consumer;
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -52,7 +52,7 @@ use futures::FutureExt;
 
 use crate::config::GroupConfig;
 use crate::errors::BrokerError;
-use crate::group::classic::{ClassicGroup, Effects};
+use crate::group::classic::{ClassicGroup, ClassicState, Effects};
 use crate::group::codec::{CoordinatorRecord, OffsetValue};
 use crate::group::consumer::ConsumerGroup;
 use crate::partition::{Appended, Partition};
@@ -301,7 +301,9 @@ impl Group {
 /// The groups of the offsets partitions one shard owns.
 #[derive(Default)]
 pub struct GroupCoordinator {
-    pub groups: HashMap<String, Group>,
+    /// By id, in order, so that what walks them (expiries, rewrites) does the same on every
+    /// run (the simulator replays seeds).
+    pub groups: BTreeMap<String, Group>,
     /// Offsets partitions this shard coordinates: false while loading.
     partitions: HashMap<i32, bool>,
     /// Which `load` of each partition is the current one (a replicated partition is unloaded
@@ -390,7 +392,7 @@ impl GroupCoordinator {
     /// Applies one record read back from the log.
     fn replay(&mut self, partition: i32, record: CoordinatorRecord, cfg: &GroupConfig, now: i64) {
         fn entry(
-            groups: &mut HashMap<String, Group>,
+            groups: &mut BTreeMap<String, Group>,
             group: String,
             new: impl FnOnce() -> Group,
         ) -> &mut Group {
@@ -475,16 +477,17 @@ impl GroupCoordinator {
         }
     }
 
-    /// `offsets.retention.minutes`: the offsets of a group without members expire that long
-    /// after the group emptied (or, for a group that only commits offsets, after each
-    /// commit); a group left with neither members nor offsets is deleted. Returns the
-    /// tombstones to write, by offsets partition.
-    pub fn expire(&mut self, retention_ms: i64, now: i64) -> BTreeMap<i32, Vec<CoordinatorRecord>> {
-        let mut writes: BTreeMap<i32, Vec<CoordinatorRecord>> = BTreeMap::new();
-        let partitions = &self.partitions;
-        for (id, g) in self.groups.iter_mut() {
-            let loaded = partitions.get(&g.partition).copied().unwrap_or(false);
-            if !loaded || !g.has_no_members() || !g.pending_offsets.is_empty() {
+    /// `offsets.retention.minutes` for offsets partition `index`: the offsets of a group
+    /// without members expire that long after the group emptied (or, for a group that only
+    /// commits offsets, after each commit); a group left with neither members nor offsets is
+    /// deleted. Changes nothing: `write_expiries` writes what it finds.
+    pub fn expiries(&self, index: i32, retention_ms: i64, now: i64) -> Vec<Expiry> {
+        if !self.partitions.get(&index).copied().unwrap_or(false) {
+            return Vec::new();
+        }
+        let mut due = Vec::new();
+        for (id, g) in self.groups.iter().filter(|(_, g)| g.partition == index) {
+            if !g.has_no_members() || !g.pending_offsets.is_empty() {
                 continue;
             }
             let emptied_at = match &g.kind {
@@ -492,34 +495,23 @@ impl GroupCoordinator {
                 GroupKind::Classic(_) => None,
                 GroupKind::Consumer(cg) => Some(cg.state_timestamp_ms),
             };
-            let expired: Vec<(String, i32)> = g
+            let offsets: Vec<(String, i32)> = g
                 .offsets
                 .iter()
                 .filter(|(_, v)| emptied_at.unwrap_or(v.commit_timestamp_ms) + retention_ms <= now)
                 .map(|(k, _)| k.clone())
                 .collect();
-            if expired.is_empty() && !(g.offsets.is_empty() && g.metadata_record(id).is_some()) {
+            let deletes_group = offsets.len() == g.offsets.len() && g.metadata_record(id).is_some();
+            if offsets.is_empty() && !deletes_group {
                 continue;
             }
-            let out = writes.entry(g.partition).or_default();
-            for (topic, partition) in expired {
-                g.offsets.remove(&(topic.clone(), partition));
-                g.offsets_landed_at.remove(&(topic.clone(), partition));
-                out.push(CoordinatorRecord::Offset {
-                    group: id.clone(),
-                    topic,
-                    partition,
-                    value: None,
-                });
-            }
-            if g.offsets.is_empty() && g.metadata_record(id).is_some() {
-                tracing::info!(group = %id, "deleting an empty group without offsets");
-                out.push(tombstone(id, g));
-                g.kind = GroupKind::Classic(ClassicGroup::new(now, 0));
-            }
+            due.push(Expiry {
+                group: id.clone(),
+                offsets,
+                metadata: deletes_group.then(|| tombstone(id, g)),
+            });
         }
-        self.drop_vacant();
-        writes
+        due
     }
 
     /// Every record that describes the live state of one offsets partition: its groups'
@@ -812,7 +804,121 @@ pub async fn write_offsets<L: OffsetsLog>(
     changes: Vec<OffsetChange>,
     now_ms: i64,
 ) -> Result<(), BrokerError> {
-    let records: Vec<CoordinatorRecord> = changes
+    write_group(groups, index, log, group_id, changes, None, now_ms).await
+}
+
+/// DeleteGroups of `group_id`, on offsets partition `index` (`log`): refused while the group
+/// has members (NON_EMPTY_GROUP); otherwise tombstones for all its offsets, those with a write
+/// pending too (the tombstones land after them), and for its metadata. Like a commit, the
+/// deletion shows once it is durable (`write_offsets`): until then the group is there as it
+/// was, and a write that fails leaves it there, as Kafka reads groups as of the last
+/// committed offset.
+pub async fn delete_group<L: OffsetsLog>(
+    groups: &RefCell<GroupCoordinator>,
+    index: i32,
+    log: &Rc<L>,
+    group_id: &str,
+    now_ms: i64,
+) -> Result<(), BrokerError> {
+    let (changes, metadata) = {
+        let c = groups.borrow();
+        let g = c
+            .groups
+            .get(group_id)
+            .ok_or_else(|| BrokerError::GroupIdNotFound(String::new()))?;
+        if !g.has_no_members() {
+            return Err(BrokerError::NonEmptyGroup);
+        }
+        let keys: BTreeSet<&(String, i32)> = g.offsets.keys().chain(g.pending_offsets()).collect();
+        let changes: Vec<OffsetChange> = keys.into_iter().map(|k| (k.clone(), None)).collect();
+        let metadata = g.metadata_record(group_id).map(|_| tombstone(group_id, g));
+        (changes, metadata)
+    };
+    if unfix::groups_deleted_at_append() {
+        let mut records: Vec<CoordinatorRecord> = changes
+            .into_iter()
+            .map(|((topic, partition), _)| CoordinatorRecord::Offset {
+                group: group_id.to_string(),
+                topic,
+                partition,
+                value: None,
+            })
+            .collect();
+        records.extend(metadata);
+        groups.borrow_mut().groups.remove(group_id);
+        return append(log, &records, now_ms).await;
+    }
+    write_group(
+        groups,
+        index,
+        log,
+        group_id,
+        changes,
+        Some(metadata),
+        now_ms,
+    )
+    .await?;
+    groups.borrow_mut().drop_vacant();
+    Ok(())
+}
+
+/// OffsetDelete of some offsets of `group_id`, on offsets partition `index` (`log`): per
+/// topic of `wanted`, whether the group is subscribed to it, in which case its offsets stay
+/// (GROUP_SUBSCRIBED_TO_TOPIC); the others' tombstones show once durable (`write_offsets`).
+/// A classic group in the middle of a rebalance is refused with NON_EMPTY_GROUP, as its
+/// subscriptions are not known.
+pub async fn delete_offsets<L: OffsetsLog>(
+    groups: &RefCell<GroupCoordinator>,
+    index: i32,
+    log: &Rc<L>,
+    group_id: &str,
+    wanted: Vec<(String, Vec<i32>)>,
+    now_ms: i64,
+) -> Result<Vec<bool>, BrokerError> {
+    let mut changes = Vec::new();
+    let mut subscribed_flags = Vec::with_capacity(wanted.len());
+    {
+        let c = groups.borrow();
+        let g = c
+            .groups
+            .get(group_id)
+            .ok_or_else(|| BrokerError::GroupIdNotFound(String::new()))?;
+        let subscribed = match &g.kind {
+            GroupKind::Classic(cg) if cg.state == ClassicState::Empty => Default::default(),
+            GroupKind::Classic(cg) => cg.subscribed_topics().ok_or(BrokerError::NonEmptyGroup)?,
+            GroupKind::Consumer(cg) => cg.subscribed_topics(),
+        };
+        for (topic, partitions) in wanted {
+            let is_subscribed = subscribed.contains(&topic);
+            subscribed_flags.push(is_subscribed);
+            if is_subscribed {
+                continue;
+            }
+            for p in partitions {
+                let key = (topic.clone(), p);
+                if g.offsets.contains_key(&key) {
+                    changes.push((key, None));
+                }
+            }
+        }
+    }
+    write_offsets(groups, index, log, group_id, changes, now_ms).await?;
+    Ok(subscribed_flags)
+}
+
+/// `write_offsets`, and with `metadata` (DeleteGroups) the group's metadata tombstone too
+/// (none for a group with offsets only): once durable, a group that still has no members
+/// goes back to one with offsets only, as a replay leaves it.
+async fn write_group<L: OffsetsLog>(
+    groups: &RefCell<GroupCoordinator>,
+    index: i32,
+    log: &Rc<L>,
+    group_id: &str,
+    changes: Vec<OffsetChange>,
+    metadata: Option<Option<CoordinatorRecord>>,
+    now_ms: i64,
+) -> Result<(), BrokerError> {
+    let mut records: Vec<CoordinatorRecord> = changes
         .iter()
         .map(|((topic, p), value)| CoordinatorRecord::Offset {
             group: group_id.to_string(),
@@ -821,6 +927,8 @@ pub async fn write_offsets<L: OffsetsLog>(
             value: value.clone(),
         })
         .collect();
+    let deletes_group = metadata.is_some();
+    records.extend(metadata.flatten());
     let keys: Vec<(String, i32)> = changes.iter().map(|(key, _)| key.clone()).collect();
     let (load, incarnation) = {
         let mut c = groups.borrow_mut();
@@ -856,6 +964,11 @@ pub async fn write_offsets<L: OffsetsLog>(
         if let Some(g) = c.groups.get_mut(group_id) {
             if Some(g.incarnation) == incarnation {
                 g.apply_offsets(changes, landed.base_offset);
+                // Members that joined since write their metadata after the tombstone.
+                if deletes_group && g.has_no_members() {
+                    g.kind = GroupKind::Classic(ClassicGroup::new(now_ms, 0));
+                    g.persisted = None;
+                }
             }
         }
     }
@@ -970,6 +1083,29 @@ pub mod unfix {
     thread_local! {
         static OFFSETS_SHOWN_AT_APPEND: Cell<bool> = const { Cell::new(false) };
         static LOADS_FROM_THE_STORED_START: Cell<bool> = const { Cell::new(false) };
+        static GROUPS_DELETED_AT_APPEND: Cell<bool> = const { Cell::new(false) };
+        static EXPIRIES_SHOWN_AT_APPEND: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// Expired offsets go from memory as soon as their tombstones are appended, before they
+    /// are durable, and nothing brings them back if the write is lost.
+    pub fn set_expiries_shown_at_append(on: bool) {
+        EXPIRIES_SHOWN_AT_APPEND.with(|c| c.set(on));
+    }
+
+    pub(super) fn expiries_shown_at_append() -> bool {
+        EXPIRIES_SHOWN_AT_APPEND.with(Cell::get)
+    }
+
+    /// DeleteGroups removes the group as soon as its tombstones are appended, before they
+    /// are durable, and nothing brings it back if the write is lost: OffsetFetch answers
+    /// that its offsets are gone, and after a failover they are there again.
+    pub fn set_groups_deleted_at_append(on: bool) {
+        GROUPS_DELETED_AT_APPEND.with(|c| c.set(on));
+    }
+
+    pub(super) fn groups_deleted_at_append() -> bool {
+        GROUPS_DELETED_AT_APPEND.with(Cell::get)
     }
 
     /// A load replays from the first offset the replica's log holds, not from the log start
@@ -1223,14 +1359,94 @@ pub fn offsets_partition(shard: &Shard, index: i32) -> Option<Rc<Partition>> {
     })
 }
 
-/// Applies `offsets.retention.minutes` on this shard and writes the tombstones.
+/// Applies `offsets.retention.minutes` to the offsets partitions this shard coordinates.
 fn expire_offsets(shard: &Rc<Shard>, retention_ms: i64, now: i64) {
-    let writes = shard.groups.borrow_mut().expire(retention_ms, now);
-    for (index, records) in writes {
-        if let Some(p) = offsets_partition(shard, index) {
-            detach_write(append(&p, &records, now));
+    let indexes: Vec<i32> = shard.groups.borrow().partitions.keys().copied().collect();
+    for index in indexes {
+        let Some(p) = offsets_partition(shard, index) else {
+            continue;
+        };
+        let shard = shard.clone();
+        glommio::spawn_local(async move {
+            let due = shard.groups.borrow().expiries(index, retention_ms, now);
+            write_expiries(&shard.groups, index, &p, &due, now).await;
+        })
+        .detach();
+    }
+}
+
+/// Offsets of one group that expired (`GroupCoordinator::expiries`), with the tombstone of
+/// its metadata when nothing of it is left.
+pub struct Expiry {
+    pub group: String,
+    pub offsets: Vec<(String, i32)>,
+    pub metadata: Option<CoordinatorRecord>,
+}
+
+/// Writes the tombstones of `due`, found just now in offsets partition `index` (`log`),
+/// with no await in between (so no write of those offsets can have begun since). Like a
+/// deletion, an expiry shows once its tombstones are durable; a commit that lands after them
+/// stays.
+pub async fn write_expiries<L: OffsetsLog>(
+    groups: &RefCell<GroupCoordinator>,
+    index: i32,
+    log: &Rc<L>,
+    due: &[Expiry],
+    now_ms: i64,
+) {
+    if unfix::expiries_shown_at_append() {
+        return expire_at_append(groups, log, due, now_ms).await;
+    }
+    let writes = due.iter().map(|e| {
+        if e.metadata.is_some() {
+            tracing::info!(group = %e.group, "deleting an empty group without offsets");
+        }
+        let changes = e.offsets.iter().map(|k| (k.clone(), None)).collect();
+        // Only a group with nothing left goes; see `write_group`.
+        let metadata = e.metadata.clone().map(Some);
+        write_group(groups, index, log, &e.group, changes, metadata, now_ms)
+    });
+    for r in futures::future::join_all(writes).await {
+        if let Err(e) = r {
+            tracing::debug!(partition = index, error = %e, "expired offsets not deleted yet");
         }
     }
+    groups.borrow_mut().drop_vacant();
+}
+
+/// What `write_expiries` did before issue 17's coordinator fixes, for
+/// `unfix::set_expiries_shown_at_append` only: the offsets go from memory at once, and
+/// nothing brings them back if the tombstones are lost.
+async fn expire_at_append<L: OffsetsLog>(
+    groups: &RefCell<GroupCoordinator>,
+    log: &Rc<L>,
+    due: &[Expiry],
+    now_ms: i64,
+) {
+    let mut records = Vec::new();
+    {
+        let mut c = groups.borrow_mut();
+        for e in due {
+            let Some(g) = c.groups.get_mut(&e.group) else {
+                continue;
+            };
+            for (topic, partition) in &e.offsets {
+                g.offsets.remove(&(topic.clone(), *partition));
+                records.push(CoordinatorRecord::Offset {
+                    group: e.group.clone(),
+                    topic: topic.clone(),
+                    partition: *partition,
+                    value: None,
+                });
+            }
+            if let Some(tombstone) = &e.metadata {
+                records.push(tombstone.clone());
+                g.kind = GroupKind::Classic(ClassicGroup::new(now_ms, 0));
+            }
+        }
+        c.drop_vacant();
+    }
+    let _ = append(log, &records, now_ms).await;
 }
 
 /// The tombstone that deletes a group's metadata record.
@@ -1373,29 +1589,36 @@ mod tests {
         empty.offsets.insert(("t".into(), 0), offset(0));
         c.groups.insert("empty".into(), empty);
 
-        assert!(c.expire(10_000, 10_999).is_empty());
+        assert!(c.expiries(3, 10_000, 10_999).is_empty());
+        assert!(c.expiries(4, 10_000, 10_999).is_empty());
         // Not while a write of the group's offsets is in flight: its tombstone would land
         // after the pending value.
         let pending = || HashMap::from([(("t".to_string(), 0), 1)]);
         c.groups.get_mut("simple").expect("present").pending_offsets = pending();
         c.groups.get_mut("empty").expect("present").pending_offsets = pending();
-        assert!(c.expire(10_000, 12_000).is_empty());
+        assert!(c.expiries(3, 10_000, 12_000).is_empty());
+        assert!(c.expiries(4, 10_000, 12_000).is_empty());
         c.groups.get_mut("simple").expect("present").pending_offsets = HashMap::new();
         c.groups.get_mut("empty").expect("present").pending_offsets = HashMap::new();
-        let w = c.expire(10_000, 12_000);
-        // Partition 0 of "simple" (committed at 1_000) and all of "empty", whose metadata is
-        // deleted too.
-        assert_eq!(w[&3].len(), 1);
-        assert_eq!(w[&4].len(), 2);
+        // Partition 0 of "simple" (committed at 1_000), and all of "empty", whose metadata
+        // goes too.
+        let simple = c.expiries(3, 10_000, 12_000);
+        assert_eq!(simple.len(), 1);
+        assert_eq!(simple[0].offsets, vec![("t".to_string(), 0)]);
+        assert!(simple[0].metadata.is_none());
+        let empty = c.expiries(4, 10_000, 12_000);
+        assert_eq!(empty.len(), 1);
+        assert_eq!(empty[0].offsets.len(), 1);
         assert!(matches!(
-            w[&4][1],
-            CoordinatorRecord::ConsumerGroup { value: None, .. }
+            empty[0].metadata,
+            Some(CoordinatorRecord::ConsumerGroup { value: None, .. })
         ));
-        assert!(!c.groups.contains_key("empty"));
-        assert_eq!(c.groups["simple"].offsets.len(), 1);
-        let w = c.expire(10_000, 15_000);
-        assert_eq!(w[&3].len(), 1);
-        assert!(c.groups.is_empty(), "a group with nothing left is gone");
+        // Nothing shows before the tombstones are durable (`write_expiries`).
+        assert_eq!(c.groups["simple"].offsets.len(), 2);
+        assert_eq!(c.groups["empty"].offsets.len(), 1);
+        // Nor in a partition still loading.
+        c.partitions.insert(3, false);
+        assert!(c.expiries(3, 10_000, 15_000).is_empty());
     }
 
     #[test]

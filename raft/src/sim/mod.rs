@@ -164,13 +164,16 @@ pub struct Checker {
     deletes: Cell<u64>,
     /// Batches consumers read.
     reads: Cell<u64>,
-    /// Committed offsets (`ferrolog-sim --replica --groups`): per committer, the highest
-    /// offset it sent, and the highest clients were shown (its commit acknowledged, or an
-    /// OffsetFetch answered with it).
-    offsets: RefCell<BTreeMap<u32, (i64, i64)>>,
-    /// Offset commits acknowledged, and OffsetFetch answers checked.
+    /// Committed offsets (`ferrolog-sim --replica --groups`): per committer, the states of
+    /// its offset that its requests and the coordinator's expiries may bring about, in
+    /// order, and how far along them clients have been shown (`OffsetHistory`).
+    offsets: RefCell<BTreeMap<u32, OffsetHistory>>,
+    /// Offset commits and deletions acknowledged, and OffsetFetch answers checked.
     offset_commits: Cell<u64>,
+    offset_deletes: Cell<u64>,
     offset_fetches: Cell<u64>,
+    /// Expiries of offsets the coordinators began to write.
+    offset_expiries: Cell<u64>,
     /// Rewrites of the offsets partition's live state that moved its log start.
     rewrites: Cell<u64>,
 }
@@ -357,23 +360,52 @@ impl Checker {
         self.shown(offset);
     }
 
+    /// Whether the clients have stopped, and retention with them: nothing is written then
+    /// but what the clients left in flight, so that the replicas converge.
+    pub fn retention_stopped(&self) -> bool {
+        self.retention_stopped.get()
+    }
+
     /// The coordinator rewrote the live state and moved the log start past the older
     /// records (`--groups`).
     pub fn rewrote(&self) {
         self.rewrites.set(self.rewrites.get() + 1);
     }
 
-    /// Committer `committer` sent a commit of `offset`.
+    /// Committer `committer` sent a commit of `offset` (again, when it retries).
     pub fn offset_sent(&self, committer: u32, offset: i64) {
-        let mut offsets = self.offsets.borrow_mut();
-        let o = offsets.entry(committer).or_insert((-1, -1));
-        o.0 = o.0.max(offset);
+        self.history(committer, |h| h.states.push(Some(offset)));
     }
 
-    /// The highest offset of `committer` clients have been shown: an OffsetFetch asked now
-    /// must answer at least that.
-    pub fn offset_shown(&self, committer: u32) -> i64 {
-        self.offsets.borrow().get(&committer).map_or(-1, |o| o.1)
+    /// Committer `committer` sent a deletion of its offset (DeleteGroups, OffsetDelete),
+    /// once its last commit was acknowledged, before it commits anything higher.
+    pub fn offset_deletion_sent(&self, committer: u32) {
+        self.history(committer, |h| h.states.push(None));
+    }
+
+    /// A coordinator is about to write the tombstone of `committer`'s expired offset. It
+    /// deletes whatever commit landed last before it; a commit still on its way (sent, not
+    /// acknowledged) may land before it or after it.
+    pub fn offset_expiring(&self, committer: u32) {
+        self.offset_expiries.set(self.offset_expiries.get() + 1);
+        self.history(committer, |h| {
+            let last = h.states.last().copied().flatten();
+            h.states.push(None);
+            if let Some(offset) = last.filter(|&o| o > h.acked) {
+                h.states.push(Some(offset));
+            }
+        });
+    }
+
+    fn history<T>(&self, committer: u32, f: impl FnOnce(&mut OffsetHistory) -> T) -> T {
+        let mut offsets = self.offsets.borrow_mut();
+        f(offsets.entry(committer).or_insert_with(OffsetHistory::new))
+    }
+
+    /// How far along `committer`'s states clients have been shown: an OffsetFetch asked now
+    /// must answer that state or a later one.
+    pub fn offset_shown(&self, committer: u32) -> usize {
+        self.history(committer, |h| h.shown)
     }
 
     /// Committer `committer`'s commit of `offset` was acknowledged: a write, for the
@@ -382,7 +414,25 @@ impl Checker {
         self.offset_commits.set(self.offset_commits.get() + 1);
         let now = <SimInstant as openraft::async_runtime::Instant>::now();
         self.ack_times.borrow_mut().push(now);
-        self.show_offset(committer, offset);
+        self.history(committer, |h| {
+            h.acked = offset;
+            // Its first landing, the least it shows.
+            let at = h.states.iter().position(|s| *s == Some(offset));
+            h.show(at.expect("sent before acknowledged"));
+        });
+        self.mix(u64::from(committer) << 48 ^ offset as u64);
+    }
+
+    /// Committer `committer`'s deletion, sent once its commit of `after` was acknowledged,
+    /// was acknowledged.
+    pub fn offset_deleted(&self, committer: u32, after: i64) {
+        self.offset_deletes.set(self.offset_deletes.get() + 1);
+        self.history(committer, |h| {
+            let from = h.states.iter().position(|s| *s == Some(after)).unwrap_or(0);
+            let at = (from..h.states.len()).find(|&i| h.states[i].is_none());
+            h.show(at.expect("sent before acknowledged"));
+        });
+        self.mix(u64::from(committer) << 48 ^ u64::MAX >> 17);
     }
 
     /// The committers whose offsets clients were shown.
@@ -390,33 +440,35 @@ impl Checker {
         self.offsets.borrow().keys().copied().collect()
     }
 
-    fn show_offset(&self, committer: u32, offset: i64) {
-        self.mix(u64::from(committer) << 48 ^ offset as u64);
-        let mut offsets = self.offsets.borrow_mut();
-        let o = offsets.entry(committer).or_insert((-1, -1));
-        o.1 = o.1.max(offset);
-    }
-
     /// Node `node` answered an OffsetFetch of `committer`'s offset with `offset` (-1: none);
-    /// `shown` had been shown when it was asked (`offset_shown`). A committed offset a
-    /// client was shown survives every fault: no later answer is lower ("regressed"), and
-    /// none names an offset never sent ("invented").
-    pub fn offset_fetched(&self, node: NodeId, committer: u32, shown: i64, offset: i64) {
+    /// clients had been shown its state `shown` when it was asked (`offset_shown`). What a
+    /// client was shown survives every fault: the answer is that state or a later one, the
+    /// first such that matches ("regressed" if only an earlier one does), and a state sent
+    /// ("invented" if none is).
+    pub fn offset_fetched(&self, node: NodeId, committer: u32, shown: usize, offset: i64) {
         self.offset_fetches.set(self.offset_fetches.get() + 1);
-        let sent = self.offsets.borrow().get(&committer).map_or(-1, |o| o.0);
-        if offset < shown {
-            self.violation(format!(
-                "regressed: node {node} answered an OffsetFetch of committer {committer} with \
-                 {offset}, after {shown} was committed or shown"
-            ));
+        let answer = (offset >= 0).then_some(offset);
+        let violation = self.history(committer, |h| {
+            if let Some(at) = (shown..h.states.len()).find(|&i| h.states[i] == answer) {
+                h.show(at);
+                return None;
+            }
+            Some(match h.states.contains(&answer) {
+                true => format!(
+                    "regressed: node {node} answered an OffsetFetch of committer {committer} \
+                     with {offset}, after {} was committed or shown",
+                    h.describe(shown)
+                ),
+                false => format!(
+                    "invented: node {node} answered an OffsetFetch of committer {committer} \
+                     with {offset}, never sent"
+                ),
+            })
+        });
+        match violation {
+            Some(v) => self.violation(v),
+            None => self.mix(u64::from(committer) << 48 ^ offset as u64),
         }
-        if offset > sent {
-            self.violation(format!(
-                "invented: node {node} answered an OffsetFetch of committer {committer} with \
-                 {offset}, never sent (the highest sent is {sent})"
-            ));
-        }
-        self.show_offset(committer, offset);
     }
 
     pub fn violation(&self, what: String) {
@@ -424,6 +476,44 @@ impl Checker {
         // One report per kind of failure is enough to shrink on; the rest repeat it.
         if v.len() < 20 {
             v.push(what);
+        }
+    }
+}
+
+/// One committer's offset as clients may see it (`--groups`). A committer commits 1, 2, 3,
+/// ... (each maybe more than once, as it retries) and deletes its offset only between two
+/// commits; expiries delete it too. Each answer must be a state at or after the last one
+/// shown; the first that matches is taken, which leaves the most room for later answers.
+struct OffsetHistory {
+    /// In order, from none: an offset, or none (a deletion or an expiry).
+    states: Vec<Option<i64>>,
+    /// The state clients have been shown last.
+    shown: usize,
+    /// The highest offset whose commit was acknowledged.
+    acked: i64,
+}
+
+impl OffsetHistory {
+    fn new() -> Self {
+        OffsetHistory {
+            states: vec![None],
+            shown: 0,
+            acked: 0,
+        }
+    }
+
+    fn show(&mut self, at: usize) {
+        self.shown = self.shown.max(at);
+    }
+
+    /// State `at`, for messages.
+    fn describe(&self, at: usize) -> String {
+        match self.states[at] {
+            Some(offset) => offset.to_string(),
+            None => match self.states[..at].iter().rev().find_map(|s| *s) {
+                Some(offset) => format!("its deletion after {offset}"),
+                None => "none".into(),
+            },
         }
     }
 }
@@ -553,9 +643,12 @@ pub struct Outcome {
     /// Batches consumers read, and DeleteRecords answered.
     pub reads: u64,
     pub deletes: u64,
-    /// Offset commits acknowledged, and OffsetFetch answers checked (`--groups`).
+    /// Offset commits and deletions acknowledged, OffsetFetch answers checked, and expiries
+    /// written (`--groups`).
     pub offset_commits: u64,
+    pub offset_deletes: u64,
     pub offset_fetches: u64,
+    pub offset_expiries: u64,
     pub rewrites: u64,
     pub fingerprint: u64,
 }
@@ -1386,6 +1479,8 @@ fn run_world(options: &Options) -> Outcome {
         reads: checker.reads.get(),
         deletes: checker.deletes.get(),
         offset_commits: checker.offset_commits.get(),
+        offset_deletes: checker.offset_deletes.get(),
+        offset_expiries: checker.offset_expiries.get(),
         offset_fetches: checker.offset_fetches.get(),
         rewrites: checker.rewrites.get(),
         fingerprint: checker.fingerprint.get(),

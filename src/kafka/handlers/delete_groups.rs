@@ -7,7 +7,6 @@ use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
 use kafka_protocol::messages::{DeleteGroupsRequest, DeleteGroupsResponse};
 
 use crate::errors::BrokerError;
-use crate::group::codec::CoordinatorRecord;
 use crate::group::{self};
 use crate::kafka::RequestContext;
 use crate::types::now_ms;
@@ -30,45 +29,35 @@ pub async fn handle(ctx: Rc<RequestContext>, req: DeleteGroupsRequest) -> Delete
 
 async fn delete(ctx: &RequestContext, id: String) -> Result<(), BrokerError> {
     let gid = id.clone();
-    let not_found = || BrokerError::GroupIdNotFound(format!("Group {id} not found."));
     let r = group::on_group(&ctx.shard, &id, move |s, partition| {
         async move {
-            let now = now_ms();
-            let records = {
-                let mut c = s.groups.borrow_mut();
-                let g = c
-                    .groups
-                    .get(&gid)
-                    .ok_or_else(|| BrokerError::GroupIdNotFound(String::new()))?;
-                if !g.has_no_members() {
-                    return Err(BrokerError::NonEmptyGroup);
-                }
-                // Offsets whose commit is still pending are deleted too: the tombstones land
-                // after them.
-                let keys: std::collections::BTreeSet<&(String, i32)> =
-                    g.offsets.keys().chain(g.pending_offsets()).collect();
-                let mut records: Vec<CoordinatorRecord> = keys
-                    .into_iter()
-                    .map(|(topic, p)| CoordinatorRecord::Offset {
-                        group: gid.clone(),
-                        topic: topic.clone(),
-                        partition: *p,
-                        value: None,
-                    })
-                    .collect();
-                if g.metadata_record(&gid).is_some() {
-                    records.push(group::tombstone(&gid, g));
-                }
-                c.groups.remove(&gid);
-                records
-            };
-            group::append(&partition, &records, now).await
+            group::delete_group(&s.groups, partition.index, &partition, &gid, now_ms()).await
         }
         .boxed_local()
     })
     .await;
+    not_found_without_offsets_topic(ctx, r, &id)
+}
+
+/// Without `__consumer_offsets` no group exists: GROUP_ID_NOT_FOUND, where `on_group` says
+/// NOT_COORDINATOR. A node that does not coordinate the group says NOT_COORDINATOR, as Kafka
+/// does, so that the client looks the coordinator up again rather than give up.
+pub fn not_found_without_offsets_topic<T>(
+    ctx: &RequestContext,
+    r: Result<T, BrokerError>,
+    id: &str,
+) -> Result<T, BrokerError> {
     match r {
-        Err(BrokerError::GroupIdNotFound(_)) | Err(BrokerError::NotCoordinator) => Err(not_found()),
+        Err(BrokerError::NotCoordinator)
+            if ctx.shard.image().topic(group::OFFSETS_TOPIC).is_none() =>
+        {
+            Err(BrokerError::GroupIdNotFound(format!(
+                "Group {id} not found."
+            )))
+        }
+        Err(BrokerError::GroupIdNotFound(_)) => Err(BrokerError::GroupIdNotFound(format!(
+            "Group {id} not found."
+        ))),
         other => other,
     }
 }

@@ -11,8 +11,8 @@ use kafka_protocol::messages::offset_delete_response::{
 use kafka_protocol::messages::{OffsetDeleteRequest, OffsetDeleteResponse};
 
 use crate::errors::BrokerError;
-use crate::group::classic::ClassicState;
-use crate::group::{self, GroupKind};
+use crate::group;
+use crate::kafka::handlers::delete_groups::not_found_without_offsets_topic;
 use crate::kafka::RequestContext;
 use crate::types::now_ms;
 
@@ -68,47 +68,18 @@ async fn delete(
     let gid = id.clone();
     let r = group::on_group(&ctx.shard, &id, move |s, partition| {
         async move {
-            let now = now_ms();
-            let mut changes = Vec::new();
-            let mut subscribed_flags = Vec::with_capacity(wanted.len());
-            {
-                let mut c = s.groups.borrow_mut();
-                let g = c
-                    .groups
-                    .get_mut(&gid)
-                    .ok_or_else(|| BrokerError::GroupIdNotFound(String::new()))?;
-                let subscribed = match &g.kind {
-                    GroupKind::Classic(cg) if cg.state == ClassicState::Empty => Default::default(),
-                    GroupKind::Classic(cg) => {
-                        cg.subscribed_topics().ok_or(BrokerError::NonEmptyGroup)?
-                    }
-                    GroupKind::Consumer(cg) => cg.subscribed_topics(),
-                };
-                for (topic, partitions) in wanted {
-                    let is_subscribed = subscribed.contains(&topic);
-                    subscribed_flags.push(is_subscribed);
-                    if is_subscribed {
-                        continue;
-                    }
-                    for p in partitions {
-                        let key = (topic.clone(), p);
-                        if g.offsets.contains_key(&key) {
-                            changes.push((key, None));
-                        }
-                    }
-                }
-            }
-            group::write_offsets(&s.groups, partition.index, &partition, &gid, changes, now)
-                .await?;
-            Ok(subscribed_flags)
+            group::delete_offsets(
+                &s.groups,
+                partition.index,
+                &partition,
+                &gid,
+                wanted,
+                now_ms(),
+            )
+            .await
         }
         .boxed_local()
     })
     .await;
-    match r {
-        Err(BrokerError::GroupIdNotFound(_)) | Err(BrokerError::NotCoordinator) => Err(
-            BrokerError::GroupIdNotFound(format!("Group {id} not found.")),
-        ),
-        other => other,
-    }
+    not_found_without_offsets_topic(ctx, r, &id)
 }

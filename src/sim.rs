@@ -49,7 +49,7 @@
 //!   path);
 //! - each leader rewrites the live state every few seconds and moves the log start past the
 //!   older records (`rewriter`, `group::rewrite`), and expires the offsets of committers
-//!   that committed nothing for 2 s (`expirer`, `group::write_expiries`); time and size retention do not run, as
+//!   that committed nothing for 5 s (`expirer`, `group::write_expiries`); time and size retention do not run, as
 //!   the topic is compact-only, and no DeleteRecords either.
 //!
 //! Its checkers are the world's (replicas agree and converge, commits are acknowledged again
@@ -947,7 +947,8 @@ async fn expirer(node: Rc<Node>, checker: Rc<Checker>) {
             return;
         }
         let now = now_ms();
-        let due = node.groups.borrow().expiries(0, RETENTION_MS, now);
+        let epoch = node.replica.leader_epoch();
+        let due = node.groups.borrow().expiries(0, epoch, RETENTION_MS, now);
         for e in &due {
             let committer = e.group[1..].parse().expect("a committer's group");
             checker.offset_expiring(committer);

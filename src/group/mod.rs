@@ -212,6 +212,16 @@ impl Group {
         }
     }
 
+    /// What of the group's metadata was last written to its offsets partition: a classic
+    /// group's record as persisted, a KIP-848 group's epoch (each change of its members
+    /// moves it).
+    fn metadata_written(&self) -> (Option<CoordinatorRecord>, Option<i32>) {
+        match &self.kind {
+            GroupKind::Classic(_) => (self.persisted.clone(), None),
+            GroupKind::Consumer(cg) => (None, Some(cg.epoch)),
+        }
+    }
+
     /// Shows offset changes whose write is not durable yet, never to be taken back: what
     /// issue 17's defect f did, for `unfix::set_offsets_shown_at_append` only.
     fn show_uncommitted(&mut self, changes: &[OffsetChange]) {
@@ -480,9 +490,11 @@ impl GroupCoordinator {
     /// `offsets.retention.minutes` for offsets partition `index`: the offsets of a group
     /// without members expire that long after the group emptied (or, for a group that only
     /// commits offsets, after each commit); a group left with neither members nor offsets is
-    /// deleted. Changes nothing: `write_expiries` writes what it finds.
-    pub fn expiries(&self, index: i32, retention_ms: i64, now: i64) -> Vec<Expiry> {
-        if !self.partitions.get(&index).copied().unwrap_or(false) {
+    /// deleted. Only for a partition loaded in leader epoch `epoch`, the current one (memory
+    /// from an earlier epoch may lack another leader's commits). Changes nothing:
+    /// `write_expiries` writes what it finds.
+    pub fn expiries(&self, index: i32, epoch: i32, retention_ms: i64, now: i64) -> Vec<Expiry> {
+        if !self.is_loaded_in(index, epoch) {
             return Vec::new();
         }
         let mut due = Vec::new();
@@ -906,9 +918,11 @@ pub async fn delete_offsets<L: OffsetsLog>(
     Ok(subscribed_flags)
 }
 
-/// `write_offsets`, and with `metadata` (DeleteGroups) the group's metadata tombstone too
-/// (none for a group with offsets only): once durable, a group that still has no members
-/// goes back to one with offsets only, as a replay leaves it.
+/// `write_offsets`, and with `metadata` (DeleteGroups, an expiry of all of a group) the
+/// group's metadata tombstone too (none for a group with offsets only). Once that is
+/// durable, and unless the group's metadata was written again since (members joined, and
+/// maybe left: their records lie after the tombstone), the group forgets its metadata, and
+/// one that has no members goes back to one with offsets only, as a replay leaves it.
 async fn write_group<L: OffsetsLog>(
     groups: &RefCell<GroupCoordinator>,
     index: i32,
@@ -930,16 +944,18 @@ async fn write_group<L: OffsetsLog>(
     let deletes_group = metadata.is_some();
     records.extend(metadata.flatten());
     let keys: Vec<(String, i32)> = changes.iter().map(|(key, _)| key.clone()).collect();
-    let (load, incarnation) = {
+    let (load, incarnation, written) = {
         let mut c = groups.borrow_mut();
         *c.offset_writes.entry(index).or_default() += 1;
-        let incarnation = c.groups.get_mut(group_id).map(|g| {
+        let group = c.groups.get_mut(group_id);
+        let written = group.as_ref().map(|g| g.metadata_written());
+        let incarnation = group.map(|g| {
             for key in &keys {
                 *g.pending_offsets.entry(key.clone()).or_default() += 1;
             }
             g.incarnation
         });
-        (c.loads.get(&index).copied(), incarnation)
+        (c.loads.get(&index).copied(), incarnation, written)
     };
     // Counts the write as pending until it settles, also when the request is dropped.
     let _pending = PendingOffsetWrite {
@@ -955,6 +971,8 @@ async fn write_group<L: OffsetsLog>(
             g.show_uncommitted(&changes);
         }
     }
+    // A write that fails, or times out and commits later, is not applied: the client was
+    // told it failed, and memory catches up at the next load.
     let landed = landed.await?;
     let mut c = groups.borrow_mut();
     // A load since (the lead moved away and back) replayed the log, this write included;
@@ -964,10 +982,11 @@ async fn write_group<L: OffsetsLog>(
         if let Some(g) = c.groups.get_mut(group_id) {
             if Some(g.incarnation) == incarnation {
                 g.apply_offsets(changes, landed.base_offset);
-                // Members that joined since write their metadata after the tombstone.
-                if deletes_group && g.has_no_members() {
-                    g.kind = GroupKind::Classic(ClassicGroup::new(now_ms, 0));
+                if deletes_group && written == Some(g.metadata_written()) {
                     g.persisted = None;
+                    if g.has_no_members() {
+                        g.kind = GroupKind::Classic(ClassicGroup::new(now_ms, 0));
+                    }
                 }
             }
         }
@@ -1368,7 +1387,11 @@ fn expire_offsets(shard: &Rc<Shard>, retention_ms: i64, now: i64) {
         };
         let shard = shard.clone();
         glommio::spawn_local(async move {
-            let due = shard.groups.borrow().expiries(index, retention_ms, now);
+            let epoch = p.leader_epoch();
+            let due = shard
+                .groups
+                .borrow()
+                .expiries(index, epoch, retention_ms, now);
             write_expiries(&shard.groups, index, &p, &due, now).await;
         })
         .detach();
@@ -1406,8 +1429,24 @@ pub async fn write_expiries<L: OffsetsLog>(
         let metadata = e.metadata.clone().map(Some);
         write_group(groups, index, log, &e.group, changes, metadata, now_ms)
     });
-    for r in futures::future::join_all(writes).await {
-        if let Err(e) = r {
+    // Every write begins (appends, and counts its offsets pending) before any waits.
+    let mut writes: Vec<_> = writes
+        .map(|w| Box::pin(futures::future::maybe_done(w)))
+        .collect();
+    futures::future::poll_fn(|cx| {
+        let mut done = true;
+        for w in writes.iter_mut() {
+            done &= std::future::Future::poll(w.as_mut(), cx).is_ready();
+        }
+        if done {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    for w in writes.iter_mut() {
+        if let Some(Err(e)) = w.as_mut().take_output() {
             tracing::debug!(partition = index, error = %e, "expired offsets not deleted yet");
         }
     }
@@ -1556,6 +1595,123 @@ mod tests {
         }
     }
 
+    /// An offsets partition whose appends land one after another, each durable once the
+    /// test says so.
+    #[derive(Default)]
+    struct HeldLog {
+        waiting: RefCell<Vec<oneshot::Sender<()>>>,
+        end: std::cell::Cell<i64>,
+    }
+
+    impl OffsetsLog for HeldLog {
+        fn is_leader(&self) -> bool {
+            true
+        }
+        fn leader_epoch(&self) -> i32 {
+            0
+        }
+        fn read_lease(&self) -> LocalBoxFuture<'_, Result<(), BrokerError>> {
+            async { Ok(()) }.boxed_local()
+        }
+        fn high_watermark(&self) -> i64 {
+            0
+        }
+        fn log_start(&self) -> i64 {
+            0
+        }
+        fn stored_start(&self) -> i64 {
+            0
+        }
+        fn log_end(&self) -> i64 {
+            self.end.get()
+        }
+        fn move_log_start(&self, _: i64, _: i64) -> LocalBoxFuture<'_, Result<i64, BrokerError>> {
+            unreachable!("no rewrite here")
+        }
+        fn read_committed(
+            &self,
+            _: i64,
+            _: usize,
+        ) -> LocalBoxFuture<'_, Result<Bytes, BrokerError>> {
+            unreachable!("no load here")
+        }
+        fn append_batch(
+            self: &Rc<Self>,
+            _: &Bytes,
+            _: i64,
+        ) -> LocalBoxFuture<'static, Result<Appended, BrokerError>> {
+            let base_offset = self.end.get();
+            self.end.set(base_offset + 1);
+            let (durable, wait) = oneshot::channel();
+            self.waiting.borrow_mut().push(durable);
+            async move {
+                wait.await.map_err(|_| BrokerError::NotCoordinator)?;
+                Ok(Appended {
+                    base_offset,
+                    end_offset: base_offset + 1,
+                    log_append_time_ms: -1,
+                    duplicate: false,
+                })
+            }
+            .boxed_local()
+        }
+    }
+
+    #[test]
+    fn a_deleted_group_forgets_its_metadata_only_if_none_was_written_after_the_tombstone() {
+        let record = |generation| {
+            let mut cg = ClassicGroup::new(0, 0);
+            cg.protocol_type = Some("consumer".into());
+            cg.generation = generation;
+            let value = Some(cg.to_value());
+            (
+                cg,
+                CoordinatorRecord::Group {
+                    group: "g".into(),
+                    value,
+                },
+            )
+        };
+        let waker = futures::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        for rebalanced_meanwhile in [false, true] {
+            let log = Rc::new(HeldLog::default());
+            let coordinator = RefCell::new(GroupCoordinator::default());
+            coordinator.borrow_mut().start_loading(0);
+            let (cg, persisted) = record(1);
+            let mut g = group(0, GroupKind::Classic(cg));
+            g.persisted = Some(persisted);
+            coordinator.borrow_mut().groups.insert("g".into(), g);
+
+            let mut delete = Box::pin(delete_group(&coordinator, 0, &log, "g", 0));
+            assert!(std::future::Future::poll(delete.as_mut(), &mut cx).is_pending());
+            assert!(
+                coordinator.borrow().groups.contains_key("g"),
+                "shown once durable"
+            );
+            if rebalanced_meanwhile {
+                // A member joined and left: generation 2 is persisted after the tombstone.
+                let (cg, persisted) = record(2);
+                let mut c = coordinator.borrow_mut();
+                let g = c.groups.get_mut("g").expect("present");
+                g.kind = GroupKind::Classic(cg);
+                g.persisted = Some(persisted);
+            }
+            log.waiting
+                .borrow_mut()
+                .remove(0)
+                .send(())
+                .expect("waiting");
+            let done = std::future::Future::poll(delete.as_mut(), &mut cx);
+            assert!(matches!(done, std::task::Poll::Ready(Ok(()))));
+            let c = coordinator.borrow();
+            match rebalanced_meanwhile {
+                false => assert!(!c.groups.contains_key("g"), "deleted"),
+                true => assert_eq!(c.groups["g"].persisted, Some(record(2).1)),
+            }
+        }
+    }
+
     #[test]
     fn the_offset_written_later_wins_whatever_order_the_writes_are_confirmed_in() {
         let mut g = group(0, GroupKind::Classic(ClassicGroup::new(0, 0)));
@@ -1575,6 +1731,8 @@ mod tests {
         let mut c = GroupCoordinator::default();
         c.partitions.insert(3, true);
         c.partitions.insert(4, true);
+        c.loaded_epochs.insert(3, 0);
+        c.loaded_epochs.insert(4, 0);
         // A standalone consumer's offsets: expire by commit time.
         let mut simple = group(3, GroupKind::Classic(ClassicGroup::new(0, 0)));
         simple.offsets.insert(("t".into(), 0), offset(1_000));
@@ -1589,24 +1747,24 @@ mod tests {
         empty.offsets.insert(("t".into(), 0), offset(0));
         c.groups.insert("empty".into(), empty);
 
-        assert!(c.expiries(3, 10_000, 10_999).is_empty());
-        assert!(c.expiries(4, 10_000, 10_999).is_empty());
+        assert!(c.expiries(3, 0, 10_000, 10_999).is_empty());
+        assert!(c.expiries(4, 0, 10_000, 10_999).is_empty());
         // Not while a write of the group's offsets is in flight: its tombstone would land
         // after the pending value.
         let pending = || HashMap::from([(("t".to_string(), 0), 1)]);
         c.groups.get_mut("simple").expect("present").pending_offsets = pending();
         c.groups.get_mut("empty").expect("present").pending_offsets = pending();
-        assert!(c.expiries(3, 10_000, 12_000).is_empty());
-        assert!(c.expiries(4, 10_000, 12_000).is_empty());
+        assert!(c.expiries(3, 0, 10_000, 12_000).is_empty());
+        assert!(c.expiries(4, 0, 10_000, 12_000).is_empty());
         c.groups.get_mut("simple").expect("present").pending_offsets = HashMap::new();
         c.groups.get_mut("empty").expect("present").pending_offsets = HashMap::new();
         // Partition 0 of "simple" (committed at 1_000), and all of "empty", whose metadata
         // goes too.
-        let simple = c.expiries(3, 10_000, 12_000);
+        let simple = c.expiries(3, 0, 10_000, 12_000);
         assert_eq!(simple.len(), 1);
         assert_eq!(simple[0].offsets, vec![("t".to_string(), 0)]);
         assert!(simple[0].metadata.is_none());
-        let empty = c.expiries(4, 10_000, 12_000);
+        let empty = c.expiries(4, 0, 10_000, 12_000);
         assert_eq!(empty.len(), 1);
         assert_eq!(empty[0].offsets.len(), 1);
         assert!(matches!(
@@ -1616,9 +1774,10 @@ mod tests {
         // Nothing shows before the tombstones are durable (`write_expiries`).
         assert_eq!(c.groups["simple"].offsets.len(), 2);
         assert_eq!(c.groups["empty"].offsets.len(), 1);
-        // Nor in a partition still loading.
+        // Nor in a partition loaded in an earlier leader epoch, or still loading.
+        assert!(c.expiries(3, 1, 10_000, 15_000).is_empty());
         c.partitions.insert(3, false);
-        assert!(c.expiries(3, 10_000, 15_000).is_empty());
+        assert!(c.expiries(3, 0, 10_000, 15_000).is_empty());
     }
 
     #[test]

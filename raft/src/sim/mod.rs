@@ -374,7 +374,10 @@ impl Checker {
 
     /// Committer `committer` sent a commit of `offset` (again, when it retries).
     pub fn offset_sent(&self, committer: u32, offset: i64) {
-        self.history(committer, |h| h.states.push(Some(offset)));
+        self.history(committer, |h| {
+            h.last_sent = h.states.len();
+            h.states.push(Some(offset));
+        });
     }
 
     /// Committer `committer` sent a deletion of its offset (DeleteGroups, OffsetDelete),
@@ -384,8 +387,8 @@ impl Checker {
     }
 
     /// A coordinator is about to write the tombstone of `committer`'s expired offset. It
-    /// deletes whatever commit landed last before it; a commit still on its way (sent, not
-    /// acknowledged) may land before it or after it.
+    /// deletes whatever commit landed last before it; a commit request still on its way (sent,
+    /// not acknowledged) may have landed before it, or land after it.
     pub fn offset_expiring(&self, committer: u32) {
         self.offset_expiries.set(self.offset_expiries.get() + 1);
         self.history(committer, |h| {
@@ -416,9 +419,14 @@ impl Checker {
         self.ack_times.borrow_mut().push(now);
         self.history(committer, |h| {
             h.acked = offset;
-            // Its first landing, the least it shows.
-            let at = h.states.iter().position(|s| *s == Some(offset));
-            h.show(at.expect("sent before acknowledged"));
+            // The answer is to its last request: it landed where that was sent, or (see
+            // `offset_expiring`) later.
+            assert_eq!(
+                h.states[h.last_sent],
+                Some(offset),
+                "sent before acknowledged"
+            );
+            h.show(h.last_sent);
         });
         self.mix(u64::from(committer) << 48 ^ offset as u64);
     }
@@ -428,7 +436,13 @@ impl Checker {
     pub fn offset_deleted(&self, committer: u32, after: i64) {
         self.offset_deletes.set(self.offset_deletes.get() + 1);
         self.history(committer, |h| {
-            let from = h.states.iter().position(|s| *s == Some(after)).unwrap_or(0);
+            // Sent once its commit of `after` was acknowledged, so after that commit's last
+            // request.
+            let from = h
+                .states
+                .iter()
+                .rposition(|s| *s == Some(after))
+                .unwrap_or(0);
             let at = (from..h.states.len()).find(|&i| h.states[i].is_none());
             h.show(at.expect("sent before acknowledged"));
         });
@@ -491,6 +505,8 @@ struct OffsetHistory {
     shown: usize,
     /// The highest offset whose commit was acknowledged.
     acked: i64,
+    /// The state of the commit request sent last.
+    last_sent: usize,
 }
 
 impl OffsetHistory {
@@ -499,6 +515,7 @@ impl OffsetHistory {
             states: vec![None],
             shown: 0,
             acked: 0,
+            last_sent: 0,
         }
     }
 

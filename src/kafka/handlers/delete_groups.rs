@@ -36,25 +36,14 @@ async fn delete(ctx: &RequestContext, id: String) -> Result<(), BrokerError> {
         .boxed_local()
     })
     .await;
-    not_found_without_offsets_topic(ctx, r, &id)
+    name_not_found(r, &id)
 }
 
-/// Without `__consumer_offsets` no group exists: GROUP_ID_NOT_FOUND, where `on_group` says
-/// NOT_COORDINATOR. A node that does not coordinate the group says NOT_COORDINATOR, as Kafka
-/// does, so that the client looks the coordinator up again rather than give up.
-pub fn not_found_without_offsets_topic<T>(
-    ctx: &RequestContext,
-    r: Result<T, BrokerError>,
-    id: &str,
-) -> Result<T, BrokerError> {
+/// GROUP_ID_NOT_FOUND names the group. A node that does not coordinate it (or a cluster
+/// without `__consumer_offsets` yet) says NOT_COORDINATOR, as Kafka does, so that the client
+/// looks the coordinator up again rather than give up.
+pub fn name_not_found<T>(r: Result<T, BrokerError>, id: &str) -> Result<T, BrokerError> {
     match r {
-        Err(BrokerError::NotCoordinator)
-            if ctx.shard.image().topic(group::OFFSETS_TOPIC).is_none() =>
-        {
-            Err(BrokerError::GroupIdNotFound(format!(
-                "Group {id} not found."
-            )))
-        }
         Err(BrokerError::GroupIdNotFound(_)) => Err(BrokerError::GroupIdNotFound(format!(
             "Group {id} not found."
         ))),

@@ -12,7 +12,7 @@ use kafka_protocol::messages::{OffsetDeleteRequest, OffsetDeleteResponse};
 
 use crate::errors::BrokerError;
 use crate::group;
-use crate::kafka::handlers::delete_groups::not_found_without_offsets_topic;
+use crate::kafka::handlers::delete_groups::name_not_found;
 use crate::kafka::RequestContext;
 use crate::types::now_ms;
 
@@ -81,5 +81,5 @@ async fn delete(
         .boxed_local()
     })
     .await;
-    not_found_without_offsets_topic(ctx, r, &id)
+    name_not_found(r, &id)
 }

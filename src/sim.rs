@@ -49,14 +49,14 @@
 //!   path);
 //! - each leader rewrites the live state every few seconds and moves the log start past the
 //!   older records (`rewriter`, `group::rewrite`), and expires the offsets of committers
-//!   that committed nothing for 5 s (`expirer`, `group::write_expiries`); time and size retention do not run, as
-//!   the topic is compact-only, and no DeleteRecords either.
+//!   that committed nothing for 5 s (`expirer`, `group::write_expiries`); time and size
+//!   retention do not run, as the topic is compact-only, and no DeleteRecords either.
 //!
 //! Its checkers are the world's (replicas agree and converge, commits are acknowledged again
 //! once the faults heal) and `Checker::offset_fetched`: no OffsetFetch answers a state older
-//! than one acknowledged or answered before it was asked (a lower offset, or none where no
-//! deletion sent since explains it, or an offset from before a deletion), nor an offset
-//! never sent.
+//! than one acknowledged or answered before it was asked (a lower offset, an offset from
+//! before a deletion or expiry, or none where no deletion or expiry since explains it), nor
+//! an offset never sent.
 //!
 //! Not simulated yet: quiescence and the coalesced beats (`Replica::tend`; leaders run check
 //! quorum as the bare world does), preferred-leader handovers, long-polling fetches,

@@ -171,6 +171,9 @@ pub struct Group {
     /// rebalance completes, and a rewrite of the partition must keep that, not a state in
     /// the middle of a rebalance.
     pub persisted: Option<CoordinatorRecord>,
+    /// How many times the group changed between classic and KIP-848: a KIP-848 group's
+    /// epoch starts again from 0 (see `metadata_written`).
+    conversions: u64,
 }
 
 impl Group {
@@ -185,7 +188,16 @@ impl Group {
             pending_offsets: HashMap::new(),
             incarnation: next_incarnation(),
             persisted: None,
+            conversions: 0,
         }
+    }
+
+    /// Changes the group between classic and KIP-848 (an empty group that a member of the
+    /// other protocol joins); what it had persisted is not its metadata any more.
+    fn convert(&mut self, kind: GroupKind) {
+        self.kind = kind;
+        self.persisted = None;
+        self.conversions += 1;
     }
 
     /// The offsets a write is pending for (see `pending_offsets`).
@@ -214,11 +226,12 @@ impl Group {
 
     /// What of the group's metadata was last written to its offsets partition: a classic
     /// group's record as persisted, a KIP-848 group's epoch (each change of its members
-    /// moves it).
-    fn metadata_written(&self) -> (Option<CoordinatorRecord>, Option<i32>) {
+    /// moves it), and how many times it changed protocol (which writes nothing, and after
+    /// which both start again).
+    fn metadata_written(&self) -> (Option<CoordinatorRecord>, Option<i32>, u64) {
         match &self.kind {
-            GroupKind::Classic(_) => (self.persisted.clone(), None),
-            GroupKind::Consumer(cg) => (None, Some(cg.epoch)),
+            GroupKind::Classic(_) => (self.persisted.clone(), None, self.conversions),
+            GroupKind::Consumer(cg) => (None, Some(cg.epoch), self.conversions),
         }
     }
 
@@ -1531,7 +1544,10 @@ pub fn classic_group<'a>(
             return Err(BrokerError::InconsistentGroupProtocol);
         }
         // An empty consumer group becomes a classic one when a classic member joins.
-        g.kind = GroupKind::Classic(ClassicGroup::new(now, cfg.initial_rebalance_delay_ms));
+        g.convert(GroupKind::Classic(ClassicGroup::new(
+            now,
+            cfg.initial_rebalance_delay_ms,
+        )));
     }
     match &mut g.kind {
         GroupKind::Classic(cg) => Ok(cg),
@@ -1565,7 +1581,8 @@ pub fn consumer_group<'a>(
                 "Group {id} is not a consumer group."
             )));
         }
-        g.kind = GroupKind::Consumer(ConsumerGroup::new(0, &cfg.consumer_assignors[0], now));
+        let assignor = &cfg.consumer_assignors[0];
+        g.convert(GroupKind::Consumer(ConsumerGroup::new(0, assignor, now)));
     }
     Ok(g)
 }
@@ -1592,6 +1609,7 @@ mod tests {
             pending_offsets: HashMap::new(),
             incarnation: 0,
             persisted: None,
+            conversions: 0,
         }
     }
 
@@ -1674,13 +1692,21 @@ mod tests {
         };
         let waker = futures::task::noop_waker();
         let mut cx = std::task::Context::from_waker(&waker);
-        for rebalanced_meanwhile in [false, true] {
+        for meanwhile in ["nothing", "a rebalance", "two protocol changes"] {
             let log = Rc::new(HeldLog::default());
             let coordinator = RefCell::new(GroupCoordinator::default());
             coordinator.borrow_mut().start_loading(0);
-            let (cg, persisted) = record(1);
-            let mut g = group(0, GroupKind::Classic(cg));
-            g.persisted = Some(persisted);
+            let g = match meanwhile {
+                "two protocol changes" => {
+                    group(0, GroupKind::Consumer(ConsumerGroup::new(2, "uniform", 0)))
+                }
+                _ => {
+                    let (cg, persisted) = record(1);
+                    let mut g = group(0, GroupKind::Classic(cg));
+                    g.persisted = Some(persisted);
+                    g
+                }
+            };
             coordinator.borrow_mut().groups.insert("g".into(), g);
 
             let mut delete = Box::pin(delete_group(&coordinator, 0, &log, "g", 0));
@@ -1689,13 +1715,24 @@ mod tests {
                 coordinator.borrow().groups.contains_key("g"),
                 "shown once durable"
             );
-            if rebalanced_meanwhile {
-                // A member joined and left: generation 2 is persisted after the tombstone.
-                let (cg, persisted) = record(2);
+            {
                 let mut c = coordinator.borrow_mut();
                 let g = c.groups.get_mut("g").expect("present");
-                g.kind = GroupKind::Classic(cg);
-                g.persisted = Some(persisted);
+                match meanwhile {
+                    // A member joined and left: generation 2 is persisted after the tombstone.
+                    "a rebalance" => {
+                        let (cg, persisted) = record(2);
+                        g.kind = GroupKind::Classic(cg);
+                        g.persisted = Some(persisted);
+                    }
+                    // Classic members came and went, then KIP-848 ones, whose epochs (written
+                    // after the tombstone) climbed back to 2.
+                    "two protocol changes" => {
+                        g.convert(GroupKind::Classic(record(1).0));
+                        g.convert(GroupKind::Consumer(ConsumerGroup::new(2, "uniform", 0)));
+                    }
+                    _ => {}
+                }
             }
             log.waiting
                 .borrow_mut()
@@ -1705,9 +1742,10 @@ mod tests {
             let done = std::future::Future::poll(delete.as_mut(), &mut cx);
             assert!(matches!(done, std::task::Poll::Ready(Ok(()))));
             let c = coordinator.borrow();
-            match rebalanced_meanwhile {
-                false => assert!(!c.groups.contains_key("g"), "deleted"),
-                true => assert_eq!(c.groups["g"].persisted, Some(record(2).1)),
+            match meanwhile {
+                "nothing" => assert!(!c.groups.contains_key("g"), "deleted"),
+                "a rebalance" => assert_eq!(c.groups["g"].persisted, Some(record(2).1)),
+                _ => assert!(matches!(c.groups["g"].kind, GroupKind::Consumer(_))),
             }
         }
     }

@@ -7,6 +7,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use ferrolog_io::{Fetched, FileRange};
 use futures::future::{join_all, select, select_all, Either};
 use futures::{stream, FutureExt, StreamExt};
 use indexmap::IndexMap;
@@ -18,7 +19,7 @@ use uuid::Uuid;
 
 use crate::errors::BrokerError;
 use crate::fetch_session::{SessionPartition, SESSION_PARTITIONS_MAX};
-use crate::kafka::RequestContext;
+use crate::kafka::{frame, RequestContext};
 use crate::metadata::MetadataImage;
 use crate::records;
 use crate::shard::Shard;
@@ -34,12 +35,14 @@ const MAX_WAIT_MS_MAX: u64 = 60_000;
 #[derive(Debug, Clone)]
 struct Read {
     error: Option<BrokerError>,
-    records: Bytes,
+    records: Fetched,
     high_watermark: i64,
     log_start_offset: i64,
 }
 
-pub async fn handle(ctx: Rc<RequestContext>, req: FetchRequest) -> FetchResponse {
+/// The response, and the file ranges its records placeholders stand for
+/// (`frame::file_marker`), in order.
+pub async fn handle(ctx: Rc<RequestContext>, req: FetchRequest) -> (FetchResponse, Vec<FileRange>) {
     let image = ctx.shard.image();
     let use_ids = ctx.version >= 13;
     let resolve = |name: &TopicName, id: &Uuid| -> Option<String> {
@@ -177,6 +180,7 @@ pub async fn handle(ctx: Rc<RequestContext>, req: FetchRequest) -> FetchResponse
 
     // Build the response; an incremental one carries only partitions with news.
     let mut by_topic: BTreeMap<String, Vec<PartitionData>> = BTreeMap::new();
+    let mut files = Vec::new();
     let mut order: Vec<String> = Vec::new();
     {
         let mut sessions = ctx.shard.fetch_sessions.borrow_mut();
@@ -201,7 +205,7 @@ pub async fn handle(ctx: Rc<RequestContext>, req: FetchRequest) -> FetchResponse
             if !include {
                 continue;
             }
-            let pd = partition_data(tp.partition, read, req.isolation_level);
+            let pd = partition_data(tp.partition, read, req.isolation_level, &mut files);
             if !by_topic.contains_key(&tp.topic) {
                 order.push(tp.topic.clone());
             }
@@ -231,15 +235,17 @@ pub async fn handle(ctx: Rc<RequestContext>, req: FetchRequest) -> FetchResponse
                 ),
         );
     }
-    FetchResponse::default()
+    let response = FetchResponse::default()
         .with_session_id(session_id)
-        .with_responses(responses)
+        .with_responses(responses);
+    (response, files)
 }
 
-fn error_response(code: i16) -> FetchResponse {
-    FetchResponse::default()
+fn error_response(code: i16) -> (FetchResponse, Vec<FileRange>) {
+    let response = FetchResponse::default()
         .with_error_code(code)
-        .with_session_id(0)
+        .with_session_id(0);
+    (response, Vec::new())
 }
 
 fn error_partition(partition: i32, code: i16) -> PartitionData {
@@ -253,10 +259,24 @@ fn error_partition(partition: i32, code: i16) -> PartitionData {
         .with_records(Some(Bytes::new()))
 }
 
-fn partition_data(partition: i32, read: Read, isolation_level: i8) -> PartitionData {
+/// A partition's answer; records in a file go to `files`, a placeholder in their place.
+fn partition_data(
+    partition: i32,
+    read: Read,
+    isolation_level: i8,
+    files: &mut Vec<FileRange>,
+) -> PartitionData {
     if let Some(e) = read.error {
         return error_partition(partition, e.code());
     }
+    let records = match read.records {
+        Fetched::Bytes(bytes) => bytes,
+        Fetched::File(range) if range.is_empty() => Bytes::new(),
+        Fetched::File(range) => {
+            files.push(range);
+            frame::file_marker(files.len() - 1)
+        }
+    };
     PartitionData::default()
         .with_partition_index(partition)
         .with_high_watermark(read.high_watermark)
@@ -269,7 +289,7 @@ fn partition_data(partition: i32, read: Read, isolation_level: i8) -> PartitionD
             None
         })
         .with_preferred_read_replica(BrokerId(-1))
-        .with_records(Some(read.records))
+        .with_records(Some(records))
 }
 
 /// One partition a fetch reads: from `offset`, at most `limit` bytes, if the client's
@@ -398,9 +418,18 @@ fn settle(targets: &[Target], asked: &[Ask], max_bytes: usize, results: &mut [Re
         }
         let room = t.limit.min(max_bytes.saturating_sub(used));
         let first = used == 0;
-        r.records = records::leading_batches(&r.records, room, first);
+        let end = match &mut r.records {
+            Fetched::Bytes(bytes) => {
+                *bytes = records::leading_batches(bytes, room, first);
+                records::next_offset(bytes).unwrap_or(t.offset)
+            }
+            Fetched::File(range) => {
+                range.cut(room, first);
+                // Where its whole batches end is not known; records follow it below the HW.
+                t.offset
+            }
+        };
         used += r.records.len();
-        let end = records::next_offset(&r.records).unwrap_or(t.offset);
         let more_room = room > a.want || (first && !a.oversized_first && r.records.is_empty());
         if more_room && r.high_watermark > end {
             short.push((a.i, room, first, r.records.len()));
@@ -435,7 +464,7 @@ async fn read_one(shard: &Rc<Shard>, t: &Target, want: usize, oversized_first: b
     } else if want == 0 {
         // No budget left: report positions without reading.
         Ok(crate::partition::ReadResult {
-            records: Bytes::new(),
+            records: Fetched::default(),
             high_watermark: p.high_watermark(),
             log_start_offset: p.log_start(),
         })
@@ -456,7 +485,7 @@ async fn read_one(shard: &Rc<Shard>, t: &Target, want: usize, oversized_first: b
 fn failed(e: BrokerError) -> Read {
     Read {
         error: Some(e),
-        records: Bytes::new(),
+        records: Fetched::default(),
         high_watermark: -1,
         log_start_offset: -1,
     }
@@ -533,7 +562,7 @@ mod tests {
             .collect();
         Read {
             error: None,
-            records: Bytes::from(bytes),
+            records: Fetched::Bytes(Bytes::from(bytes)),
             high_watermark: hw,
             log_start_offset: 0,
         }

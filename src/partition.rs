@@ -440,7 +440,7 @@ impl Partition {
             ),
         };
         match &records {
-            Fetched::File(range) => range.read_ahead(),
+            Fetched::File(_) => {}
             Fetched::Bytes(bytes) if !sends_files => self
                 .read_ahead
                 .after_read(&self.log, offset, bytes, max_bytes, hw),

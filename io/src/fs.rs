@@ -176,9 +176,13 @@ impl Fs for GlommioFs {
     type File = DmaFile;
     type Reader = GlommioReader;
 
-    /// Where this thread has a ring to splice on.
+    /// Where this thread has a ring to splice on, unless `FERROLOG_ZERO_COPY=off` (for
+    /// measuring the difference).
     fn sends_files(&self) -> bool {
-        uring::available()
+        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let off =
+            *OFF.get_or_init(|| std::env::var("FERROLOG_ZERO_COPY").is_ok_and(|v| v == "off"));
+        !off && uring::available()
     }
 
     async fn create_new(&self, path: &Path) -> io::Result<DmaFile> {

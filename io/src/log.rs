@@ -767,7 +767,7 @@ impl<F: Fs> Log<F> {
         }
         let file = match &seg.send_file {
             Some(file) => file.clone(),
-            None => match std::fs::File::open(&path) {
+            None => match direct_open(&path) {
                 Ok(file) => seg.send_file.insert(std::sync::Arc::new(file)).clone(),
                 Err(e) => {
                     tracing::warn!(path = %path.display(), error = %e, "cannot open a segment to send from; reading it instead");
@@ -1501,6 +1501,15 @@ fn plan_disk_read<F: Fs>(segments: &[Segment<F>], offset: i64) -> Vec<ReadPlan<F
         })
         .take(4)
         .collect()
+}
+
+/// `path` for Direct I/O reads.
+fn direct_open(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
 }
 
 /// The position and header of the batch of one segment that contains `offset`, scanning

@@ -30,6 +30,8 @@ use crate::uring;
 /// made larger; the kernel may refuse a user more (`/proc/sys/fs/pipe-user-pages-soft`),
 /// and the pipe then stays as it is.
 const PIPE_BYTES: usize = 1 << 20;
+/// Direct I/O's block alignment.
+const ALIGN: u64 = 4096;
 
 /// What a read for a consumer returns ([`crate::log::Log::read_to_send`]).
 #[derive(Debug, Clone)]
@@ -197,30 +199,31 @@ impl Sender {
     /// Sends `range` to the socket, after everything written to it before. False, with
     /// nothing sent, when this thread has no ring: send `range.read()` instead. An error
     /// leaves the socket part-way through the range: close the connection.
+    ///
+    /// The file is open for Direct I/O, whose reads start and end on block boundaries: the
+    /// pipe takes whole blocks, and the bytes before and after the range are dropped from
+    /// it (spliced to /dev/null, which never blocks) rather than sent.
     pub async fn send(&mut self, range: &FileRange) -> io::Result<bool> {
         if !uring::available() {
             return Ok(false);
         }
         let ends = self.ends()?;
         let lost = || io::Error::other("the shard's io_uring retired during a send");
-        let (mut pos, mut left) = (range.pos, range.len);
-        while left > 0 {
-            let chunk = left.min(ends.pipe_bytes) as u32;
+        let mut at = range.pos / ALIGN * ALIGN;
+        let aligned_end = (range.pos + range.len as u64).div_ceil(ALIGN) * ALIGN;
+        let mut skip = (range.pos - at) as usize;
+        let mut want = range.len;
+        while want > 0 {
+            let chunk = (aligned_end - at).min(ends.pipe_bytes as u64) as u32;
             let keep = Box::new((range.file.clone(), ends.clone()));
-            let n = match uring::splice(
-                range.file.as_raw_fd(),
-                Some(pos),
-                ends.pipe_write.as_raw_fd(),
-                chunk,
-                keep,
-            )
-            .await
-            {
-                None if pos == range.pos => return Ok(false),
-                None => return Err(lost()),
-                Some(n) => n?,
-            };
-            if n == 0 {
+            let fd = range.file.as_raw_fd();
+            let n =
+                match uring::splice(fd, Some(at), ends.pipe_write.as_raw_fd(), chunk, keep).await {
+                    None if want == range.len => return Ok(false),
+                    None => return Err(lost()),
+                    Some(n) => n?,
+                };
+            if n <= skip {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
                     format!(
@@ -229,13 +232,19 @@ impl Sender {
                     ),
                 ));
             }
-            let mut in_pipe = n;
-            while in_pipe > 0 {
+            at += n as u64;
+            ends.drop_bytes(skip)?;
+            let mut in_pipe = n - skip;
+            skip = 0;
+            let mut send = in_pipe.min(want);
+            want -= send;
+            in_pipe -= send;
+            while send > 0 {
                 let sent = uring::splice(
                     ends.pipe_read.as_raw_fd(),
                     None,
                     ends.socket.as_raw_fd(),
-                    in_pipe as u32,
+                    send as u32,
                     Box::new(ends.clone()),
                 )
                 .await
@@ -246,13 +255,43 @@ impl Sender {
                         "the socket took no bytes",
                     ));
                 }
-                in_pipe -= sent;
+                send -= sent;
             }
-            pos += n as u64;
-            left -= n;
+            ends.drop_bytes(in_pipe)?;
         }
         tracing::trace!(bytes = range.len, "records sent from their file");
         Ok(true)
+    }
+}
+
+impl Ends {
+    /// Drops `len` bytes the pipe holds.
+    fn drop_bytes(&self, mut len: usize) -> io::Result<()> {
+        static NULL: std::sync::OnceLock<io::Result<File>> = std::sync::OnceLock::new();
+        let null = NULL.get_or_init(|| File::options().write(true).open("/dev/null"));
+        let null = null
+            .as_ref()
+            .map_err(|e| io::Error::new(e.kind(), e.to_string()))?;
+        while len > 0 {
+            // SAFETY: splice between two descriptors this process holds open; it touches no
+            // memory of this process. The pipe holds `len` bytes, so it does not wait.
+            let n = unsafe {
+                libc::splice(
+                    self.pipe_read.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    null.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    len,
+                    libc::SPLICE_F_NONBLOCK,
+                )
+            };
+            match n {
+                n if n > 0 => len -= n as usize,
+                0 => return Err(io::Error::other("the pipe ran dry")),
+                _ => return Err(io::Error::last_os_error()),
+            }
+        }
+        Ok(())
     }
 }
 

@@ -10,7 +10,7 @@ use std::rc::Rc;
 
 use bytes::{Bytes, BytesMut};
 use ferrolog_io::batch::{self, BatchError, BatchHeader, ATTR_TIMESTAMP_LOG_APPEND};
-use ferrolog_io::{Fetched, Fs, Log, LogError};
+use ferrolog_io::{Log, LogError};
 use futures::future::LocalBoxFuture;
 use futures::FutureExt;
 use uuid::Uuid;
@@ -84,17 +84,7 @@ impl OffsetsLog for Partition {
         offset: i64,
         max_bytes: usize,
     ) -> LocalBoxFuture<'_, Result<Bytes, BrokerError>> {
-        async move {
-            match self
-                .read_records(offset, max_bytes, true, false)
-                .await?
-                .records
-            {
-                Fetched::Bytes(bytes) => Ok(bytes),
-                Fetched::File(_) => unreachable!("only a read to send gives a file range"),
-            }
-        }
-        .boxed_local()
+        async move { Ok(self.read(offset, max_bytes, true).await?.records) }.boxed_local()
     }
     fn append_batch(
         self: &Rc<Self>,
@@ -110,7 +100,7 @@ impl OffsetsLog for Partition {
 /// A fetch result for one partition.
 #[derive(Debug, Clone)]
 pub struct ReadResult {
-    pub records: Fetched,
+    pub records: Bytes,
     pub high_watermark: i64,
     pub log_start_offset: i64,
 }
@@ -382,28 +372,14 @@ impl Partition {
             .append(&self.producers, bytes, &header, log_append_time_ms, now_ms)
     }
 
-    /// Reads from `offset` up to the HW for a consumer's Fetch; `first_in_response`: the
-    /// first batch may exceed `max_bytes` (KIP-74), otherwise an oversized batch is left for
-    /// a later fetch. Records on disk come as a file range to send as it is where the log
-    /// can (`Log::read_to_send`), and the kernel reads ahead of them; else this takes what a
-    /// read ahead found there, and starts the next one (`read_ahead`).
+    /// Reads from `offset` up to the HW; `first_in_response`: the first batch may exceed
+    /// `max_bytes` (KIP-74), otherwise an oversized batch is left for a later fetch. Takes
+    /// what a read ahead found there, and starts the next one (`read_ahead`).
     pub async fn read(
         &self,
         offset: i64,
         max_bytes: usize,
         first_in_response: bool,
-    ) -> Result<ReadResult, BrokerError> {
-        self.read_records(offset, max_bytes, first_in_response, true)
-            .await
-    }
-
-    /// `read`, with file ranges only if `to_send`.
-    async fn read_records(
-        &self,
-        offset: i64,
-        max_bytes: usize,
-        first_in_response: bool,
-        to_send: bool,
     ) -> Result<ReadResult, BrokerError> {
         // Consumers read from the leader (no KIP-392 follower fetching).
         if !self.is_leader() {
@@ -414,38 +390,23 @@ impl Partition {
         if offset < log_start {
             return Err(BrokerError::OffsetOutOfRange);
         }
-        // With zero-copy sends, the kernel reads ahead into the page cache instead.
-        let sends_files = to_send && self.log.fs().sends_files();
         // A read ahead from `offset` holds what this read would return (committed records,
         // whole batches from `offset`), or less: it stopped at the HW of its time.
-        let ahead =
-            match sends_files {
-                true => None,
-                false => self.read_ahead.take(offset).await.map(|records| {
-                    records::leading_batches(&records, max_bytes, first_in_response)
-                }),
-            };
+        let ahead = self
+            .read_ahead
+            .take(offset)
+            .await
+            .map(|records| records::leading_batches(&records, max_bytes, first_in_response));
         let records = match ahead {
-            Some(records) if !records.is_empty() => Fetched::Bytes(records),
-            _ if to_send => self
+            Some(records) if !records.is_empty() => records,
+            _ => self
                 .log
-                .read_to_send(offset, max_bytes, hw, first_in_response)
+                .read(offset, max_bytes, hw, first_in_response)
                 .await
                 .map_err(BrokerError::from_log)?,
-            _ => Fetched::Bytes(
-                self.log
-                    .read(offset, max_bytes, hw, first_in_response)
-                    .await
-                    .map_err(BrokerError::from_log)?,
-            ),
         };
-        match &records {
-            Fetched::File(_) => {}
-            Fetched::Bytes(bytes) if !sends_files => self
-                .read_ahead
-                .after_read(&self.log, offset, bytes, max_bytes, hw),
-            Fetched::Bytes(_) => {}
-        }
+        self.read_ahead
+            .after_read(&self.log, offset, &records, max_bytes, hw);
         Ok(ReadResult {
             records,
             high_watermark: hw,

@@ -1,6 +1,4 @@
-//! Read-ahead for consumers working through a backlog on disk, where records cannot go
-//! from the file to the socket as they are (a shard without its own io_uring; with one, the
-//! kernel reads ahead into the page cache instead: `ferrolog_io::send`). When a Fetch takes records
+//! Read-ahead for consumers working through a backlog on disk. When a Fetch takes records
 //! of a partition from below its high watermark and more of them are on disk (past the
 //! log's in-memory tail), the partition starts reading its next share at once, in a task of
 //! its own on the owning shard, while the response travels and the client works through

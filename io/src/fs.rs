@@ -53,11 +53,6 @@ pub trait Fs: Clone + 'static {
     async fn sync_dir(&self, dir: &Path) -> io::Result<()>;
     /// Replaces a small file atomically and durably.
     async fn write_file(&self, path: &Path, contents: Vec<u8>) -> io::Result<()>;
-    /// Whether reads for consumers may hand out ranges of segment files for zero-copy sends
-    /// ([`crate::send`]).
-    fn sends_files(&self) -> bool {
-        false
-    }
     /// Runs `task` on this thread's executor, detached.
     fn spawn(&self, task: impl Future<Output = ()> + 'static);
     async fn sleep(&self, duration: Duration);
@@ -175,15 +170,6 @@ pub enum GlommioReader {
 impl Fs for GlommioFs {
     type File = DmaFile;
     type Reader = GlommioReader;
-
-    /// Where this thread has a ring to splice on, unless `FERROLOG_ZERO_COPY=off` (for
-    /// measuring the difference).
-    fn sends_files(&self) -> bool {
-        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let off =
-            *OFF.get_or_init(|| std::env::var("FERROLOG_ZERO_COPY").is_ok_and(|v| v == "off"));
-        !off && uring::available()
-    }
 
     async fn create_new(&self, path: &Path) -> io::Result<DmaFile> {
         glommio::io::OpenOptions::new()

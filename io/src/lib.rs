@@ -17,13 +17,11 @@ pub mod log;
 pub mod pool;
 pub mod read_gate;
 mod segment;
-pub mod send;
 pub mod uring;
 
 pub use fs::{Fs, GlommioFs};
 pub use log::{write_file, AppendInfo, Log};
 pub use segment::file_stem;
-pub use send::{Fetched, FileRange};
 
 /// Per-log settings, taken from the topic configs.
 #[derive(Debug, Clone, PartialEq, Eq)]

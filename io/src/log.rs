@@ -22,7 +22,6 @@ use futures::channel::oneshot;
 use crate::batch::{self, BatchHeader, HEADER_BYTES};
 use crate::fs::{Fs, FsFile, FsReader, GlommioFs, WriteBuf};
 use crate::segment::Segment;
-use crate::send::{Fetched, FileRange};
 use crate::{LogConfig, LogError};
 
 /// Direct I/O alignment used for every write position and size.
@@ -692,95 +691,6 @@ impl<F: Fs> Log<F> {
     ) -> Result<Bytes, LogError> {
         self.read_above(false, offset, max_bytes, limit_offset, oversized_first)
             .await
-    }
-
-    /// `read` for a consumer: where the bytes can go from the file to the socket as they are
-    /// ([`crate::send`]), a range of the segment file of exactly `max_bytes`, its first batch
-    /// whole and its last perhaps cut short, all of them committed (below `limit_offset`).
-    /// The bytes otherwise: those in the tail cache, and ranges near the end of what is
-    /// committed, which a later write may rewrite in the page cache.
-    pub async fn read_to_send(
-        &self,
-        offset: i64,
-        max_bytes: usize,
-        limit_offset: i64,
-        oversized_first: bool,
-    ) -> Result<Fetched, LogError> {
-        if self.fs.sends_files() {
-            if let Some(range) = self.plan_send(offset, max_bytes, limit_offset).await? {
-                return Ok(Fetched::File(range));
-            }
-        }
-        let bytes = self
-            .read(offset, max_bytes, limit_offset, oversized_first)
-            .await?;
-        Ok(Fetched::Bytes(bytes))
-    }
-
-    /// The range `read_to_send` sends from a file, if there is one (see [`crate::send`] for
-    /// which ranges qualify).
-    async fn plan_send(
-        &self,
-        offset: i64,
-        max_bytes: usize,
-        limit_offset: i64,
-    ) -> Result<Option<FileRange>, LogError> {
-        let (limit, plan) = {
-            let st = self.state.borrow();
-            let limit = limit_offset.min(st.durable);
-            let cached = st.cache.front().is_some_and(|(base, _, _)| *base <= offset);
-            if offset < st.log_start || offset >= limit || cached {
-                return Ok(None);
-            }
-            match plan_disk_read(&st.segments, offset).into_iter().next() {
-                Some(plan) => (limit, plan),
-                None => return Ok(None),
-            }
-        };
-        let (base, generation, reader, start_pos, end_pos, seg_offset) = plan;
-        let reader = match reader {
-            Some(f) => f,
-            None => match self.open_segment_reader(base, generation).await? {
-                Some(f) => f,
-                None => return Ok(None),
-            },
-        };
-        let path = self
-            .dir
-            .join(format!("{}.log", crate::segment::file_stem(base)));
-        let found = find_batch(&*reader, &path, start_pos..end_pos, seg_offset).await?;
-        let Some((pos, first)) = found else {
-            return Ok(None);
-        };
-        let mut st = self.state.borrow_mut();
-        let Some(seg) =
-            find_segment_mut(&mut st.segments, base).filter(|s| s.generation == generation)
-        else {
-            return Ok(None);
-        };
-        let end = pos + max_bytes as u64;
-        if first.base_offset >= limit
-            || first.total_bytes() > max_bytes
-            || end > seg.unchanging_end(limit)
-        {
-            return Ok(None);
-        }
-        let file = match &seg.send_file {
-            Some(file) => file.clone(),
-            None => match direct_open(&path) {
-                Ok(file) => seg.send_file.insert(std::sync::Arc::new(file)).clone(),
-                Err(e) => {
-                    tracing::warn!(path = %path.display(), error = %e, "cannot open a segment to send from; reading it instead");
-                    return Ok(None);
-                }
-            },
-        };
-        Ok(Some(FileRange::new(
-            file,
-            pos,
-            max_bytes,
-            first.total_bytes(),
-        )))
     }
 
     /// `read` that also reaches the batches below the log start in its segment, so a log
@@ -1503,41 +1413,6 @@ fn plan_disk_read<F: Fs>(segments: &[Segment<F>], offset: i64) -> Vec<ReadPlan<F
         .collect()
 }
 
-/// `path` for Direct I/O reads.
-fn direct_open(path: &Path) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::File::options()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)
-}
-
-/// The position and header of the batch of one segment that contains `offset`, scanning
-/// headers from `span.start` (at most one index interval of them); `None` when `offset` lies
-/// beyond the batches in `span`.
-async fn find_batch<R: FsReader>(
-    file: &R,
-    path: &Path,
-    span: std::ops::Range<u64>,
-    offset: i64,
-) -> Result<Option<(u64, BatchHeader)>, LogError> {
-    let (mut pos, end) = (span.start, span.end);
-    loop {
-        if pos + HEADER_BYTES as u64 > end {
-            return Ok(None);
-        }
-        let r = file
-            .read_at(pos, HEADER_BYTES)
-            .await
-            .map_err(|e| io_error("reading", path, e))?;
-        let header = BatchHeader::parse(&r).map_err(LogError::InvalidBatch)?;
-        if header.next_offset() > offset {
-            return Ok(Some((pos, header)));
-        }
-        pos += header.total_bytes() as u64;
-    }
-}
-
 /// Reads from one segment; `None` when `offset` lies beyond this segment's batches.
 async fn read_from_segment<R: FsReader>(
     file: &R,
@@ -1548,9 +1423,21 @@ async fn read_from_segment<R: FsReader>(
     limit: i64,
     oversized_first: bool,
 ) -> Result<Option<Bytes>, LogError> {
-    let end = span.end;
-    let Some((pos, first)) = find_batch(file, path, span, offset).await? else {
-        return Ok(None);
+    let (mut pos, end) = (span.start, span.end);
+    // Find the batch that contains `offset`: at most one index interval of headers.
+    let first = loop {
+        if pos + HEADER_BYTES as u64 > end {
+            return Ok(None);
+        }
+        let r = file
+            .read_at(pos, HEADER_BYTES)
+            .await
+            .map_err(|e| io_error("reading", path, e))?;
+        let header = BatchHeader::parse(&r).map_err(LogError::InvalidBatch)?;
+        if header.next_offset() > offset {
+            break header;
+        }
+        pos += header.total_bytes() as u64;
     };
     if first.base_offset >= limit || (!oversized_first && first.total_bytes() > max_bytes) {
         return Ok(Some(Bytes::new()));
@@ -2337,62 +2224,6 @@ mod tests {
             let log = Log::open(&dir, small(), 0).await.unwrap();
             assert_eq!(log.end_offset(), 140);
             assert_eq!(read_all(&log, 0).await.len(), 70);
-        });
-    }
-
-    /// A read to send hands out file ranges of exactly the bytes asked for that begin with
-    /// the batch holding the offset, hold only batches below the limit, and end before the
-    /// partial page the active segment ends in; reads near the end and in the tail cache
-    /// come as bytes.
-    #[test]
-    fn reads_to_send_give_unchanging_committed_ranges() {
-        let dir = tmpdir("send");
-        run(move || async move {
-            if !crate::uring::available() {
-                eprintln!("no io_uring here: nothing to test");
-                return;
-            }
-            let config = LogConfig {
-                segment_bytes: 40_000,
-                ..small()
-            };
-            let log = Log::open(&dir, config, 0).await.unwrap();
-            append_n(&log, 300, 1000).await;
-            let (mut files, mut bytes) = (0, 0);
-            for limit in [i64::MAX, 333] {
-                for offset in (0..log.end_offset()).step_by(7) {
-                    let whole = log.read(offset, 3000, limit, true).await.unwrap();
-                    match log.read_to_send(offset, 3000, limit, true).await.unwrap() {
-                        Fetched::Bytes(b) => {
-                            assert_eq!(b, whole, "bytes are what a read gives");
-                            bytes += 1;
-                        }
-                        Fetched::File(range) => {
-                            files += 1;
-                            assert_eq!(range.len(), 3000);
-                            let sent = range.read().unwrap();
-                            assert!(sent.starts_with(&whole), "whole batches first at {offset}");
-                            let first = BatchHeader::parse(&sent).unwrap();
-                            assert!(first.base_offset <= offset && offset < first.next_offset());
-                            let mut rest = &sent[..];
-                            while let Ok(h) = BatchHeader::parse(rest) {
-                                assert!(h.base_offset < limit.min(log.durable_offset()));
-                                rest = &rest[h.total_bytes().min(rest.len())..];
-                            }
-                            let st = log.state.borrow();
-                            let last = st.segments.last().unwrap();
-                            if first.base_offset >= last.base_offset {
-                                let end = range.position() + range.len() as u64;
-                                assert!(
-                                    end <= last.synced / 4096 * 4096,
-                                    "the last page is left out"
-                                );
-                            }
-                        }
-                    }
-                }
-            }
-            assert!(files > 100 && bytes > 5, "{files} ranges, {bytes} reads");
         });
     }
 }

@@ -10,7 +10,6 @@
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 
 use crate::batch::BatchHeader;
 use crate::fs::Fs;
@@ -35,9 +34,6 @@ pub(crate) struct Segment<F: Fs> {
     pub file: Option<Rc<F::File>>,
     /// Buffered handle for reads (see `log::open_reader`), opened on the first disk read.
     pub reader: Option<Rc<F::Reader>>,
-    /// Handle through the page cache that zero-copy sends splice from ([`crate::send`]),
-    /// opened on the first.
-    pub send_file: Option<Arc<std::fs::File>>,
     /// Logical bytes appended (accepted into memory).
     pub size: u64,
     /// Bytes written to the file and fsynced: the readable, durable part.
@@ -73,7 +69,6 @@ impl<F: Fs> Segment<F> {
             path_stem: dir.join(file_stem(base_offset)),
             file: None,
             reader: None,
-            send_file: None,
             size: 0,
             synced: 0,
             allocated: 0,
@@ -142,34 +137,6 @@ impl<F: Fs> Segment<F> {
             .saturating_add(header.total_bytes() as u32);
         self.size += header.total_bytes() as u64;
         self.next_offset = header.next_offset();
-    }
-
-    /// Where the bytes of this segment that no write will touch again end, with batches
-    /// below `limit` (at most the durable offset) committed: the whole segment if it is
-    /// closed and committed to its end; else the committed bytes rounded down to a page
-    /// (the next append rewrites the partial page the segment ends in, and a truncation cuts
-    /// only above the committed batches, within or after the page the last one ends in).
-    pub fn unchanging_end(&self, limit: i64) -> u64 {
-        let committed = if self.next_offset <= limit {
-            // Committed batches are durable: all of them are written.
-            self.synced.min(self.size)
-        } else {
-            // The last index entry at or below `limit` starts a batch that all batches
-            // before it end before.
-            let relative = limit - self.base_offset;
-            let i = self
-                .index
-                .partition_point(|&(rel, _)| i64::from(rel) <= relative);
-            match i {
-                0 => 0,
-                _ => u64::from(self.index[i - 1].1).min(self.synced),
-            }
-        };
-        if self.closed && self.next_offset <= limit {
-            committed
-        } else {
-            committed / 4096 * 4096
-        }
     }
 
     /// Byte position from which a scan for `offset` must start.

@@ -10,14 +10,9 @@
 //! a task of this thread reads with glommio. By the time that byte arrives, the read's
 //! completion is in the ring, and the task hands it to the waiting read.
 //!
-//! The same ring splices record bytes from segment files to sockets for [`crate::send`], and
-//! starts readahead for it: operations that may block in the kernel, which io_uring runs on
-//! its worker threads, off the shard's.
-//!
 //! Each thread has at most one ring, made by [`init`] (which `probe_direct_reads` calls), at
-//! most `READS_MAX` reads and `OTHERS_MAX` other operations in flight on it, and a buffer
-//! (and whatever else an operation's descriptors belong to) stays owned by the ring until
-//! its operation completed, whatever became of the future that started it. A read is pushed and submitted
+//! most `IN_FLIGHT_MAX` reads in flight on it, and a buffer stays owned by the ring until
+//! its read completed, whatever became of the read's future. A read is pushed and submitted
 //! without an await in between, so its descriptor is the kernel's before the caller can
 //! close it (a linked request's descriptor is looked up only when it runs, so the wake-up
 //! socket is a file registered with the ring, which holds it as long as it lives). Should
@@ -26,7 +21,6 @@
 
 #![allow(unsafe_code)] // submissions to the ring; each says why it is sound
 
-use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, RawFd};
@@ -43,18 +37,10 @@ use io_uring::{opcode, squeue, types, IoUring};
 
 use crate::pool::{self, AlignedBuf};
 
-/// Submission entries (each operation pushes two: itself and its wake-up, submitted at once).
-/// The completion queue holds twice as many, room for both completions of every operation
-/// that may be in flight.
-const ENTRIES: u32 = 128;
+/// Submission entries: two per read (the read and its wake-up).
+const ENTRIES: u32 = 64;
 /// Reads in flight at once on one thread's ring.
-const READS_MAX: usize = 32;
-/// Other operations (splices, readahead) in flight at once on one thread's ring. A splice to
-/// the socket of a consumer that stops reading holds its place until the consumer reads or
-/// goes, so these have places of their own: they never keep a read waiting.
-const OTHERS_MAX: usize = 64;
-const IN_FLIGHT_MAX: usize = READS_MAX + OTHERS_MAX;
-const _: () = assert!(2 * IN_FLIGHT_MAX <= 2 * ENTRIES as usize);
+const IN_FLIGHT_MAX: usize = (ENTRIES / 2) as usize;
 /// The `user_data` of the wake-up writes, whose completions are only counted.
 const WAKE: u64 = u64::MAX;
 /// The byte each wake-up writes.
@@ -71,32 +57,19 @@ thread_local! {
     static REFUSED: Cell<bool> = const { Cell::new(false) };
 }
 
-/// An operation in flight: the buffer a read writes into, what else it needs kept open (the
-/// owners of its descriptors), and where its result goes.
+/// A read in flight: its buffer, and where its result goes.
 struct Op {
-    buf: Option<AlignedBuf>,
-    keep: Box<dyn Any>,
-    read: bool,
-    done: oneshot::Sender<(Option<AlignedBuf>, i32)>,
-}
-
-impl Op {
-    /// Gives up the operation's memory and descriptors for good: the kernel may still use
-    /// them.
-    fn leak(self) {
-        std::mem::forget(self.buf);
-        std::mem::forget(self.keep);
-    }
+    buf: AlignedBuf,
+    done: oneshot::Sender<(AlignedBuf, i32)>,
 }
 
 struct Ring {
     ring: RefCell<IoUring>,
-    /// Operations in flight, by `user_data`; `None` where free.
+    /// Reads in flight, by `user_data`; `None` where free.
     ops: RefCell<Vec<Option<Op>>>,
-    /// Free entries of `ops` for reads, and for other operations: taken before an operation
-    /// pushes, given back by the reaper. Closed when the ring retires.
-    read_slots: Semaphore,
-    other_slots: Semaphore,
+    /// Free entries of `ops`: taken by a read before it pushes, given back by the reaper.
+    /// Closed when the ring retires.
+    slots: Semaphore,
     /// Set when the ring retires: nothing is pushed or submitted to it any more (entries a
     /// failed submission left would go to the kernel with descriptors closed since).
     retired: Cell<bool>,
@@ -105,8 +78,7 @@ struct Ring {
 impl Ring {
     fn retire(&self) {
         self.retired.set(true);
-        self.read_slots.close();
-        self.other_slots.close();
+        self.slots.close();
         REFUSED.with(|r| r.set(true));
         RING.with(|r| r.borrow_mut().take());
     }
@@ -118,11 +90,11 @@ impl Ring {
 
 impl Drop for Ring {
     fn drop(&mut self) {
-        // The kernel may still write into the buffers of operations in flight after the
-        // ring's descriptor closed, or use their descriptors: leak them (this happens only as
-        // the thread ends, or after the ring retired).
+        // The kernel may still write into the buffers of reads in flight after the ring's
+        // descriptor closed: leak them (this happens only as the thread ends, or after the
+        // ring retired).
         for op in self.ops.get_mut().drain(..).flatten() {
-            op.leak();
+            std::mem::forget(op.buf);
         }
     }
 }
@@ -159,8 +131,7 @@ pub fn init() -> bool {
     let ring = Rc::new(Ring {
         ring: RefCell::new(ring),
         ops: RefCell::new((0..IN_FLIGHT_MAX).map(|_| None).collect()),
-        read_slots: Semaphore::new(READS_MAX as u64),
-        other_slots: Semaphore::new(OTHERS_MAX as u64),
+        slots: Semaphore::new(IN_FLIGHT_MAX as u64),
         retired: Cell::new(false),
     });
     glommio::spawn_local(reap(Rc::downgrade(&ring), wake_rx)).detach();
@@ -193,110 +164,37 @@ pub async fn read(fd: RawFd, pos: u64, len: usize) -> Option<io::Result<Bytes>> 
     let Ok(len32) = u32::try_from(len) else {
         return Some(Err(io::Error::other("a read over 4 GiB")));
     };
-    let mut buf = pool::buffer(len);
-    let read = opcode::Read::new(types::Fd(fd), buf.as_mut_ptr(), len32)
-        .offset(pos)
-        .build();
-    // SAFETY: the read writes into `buf`, which `submit` keeps (its memory stays put) until
-    // the read's completion is reaped, or forever (a ring dropped with it in flight).
-    let (buf, res) = match unsafe { submit(read, Some(buf), Box::new(())) }.await? {
-        Ok(done) => done,
-        Err(e) => return Some(Err(e)),
-    };
-    let mut buf = buf.expect("a read gets its buffer back");
-    // SAFETY: the kernel wrote the `res` bytes the read returned.
-    unsafe { buf.set_len(res) };
-    Some(Ok(buf.into_bytes()))
-}
-
-/// Moves up to `len` bytes from `fd_in` (at `off_in`, or where it stands for a pipe) to
-/// `fd_out`, as splice(2); one of them must be a pipe. The descriptors must belong to `keep`,
-/// which the ring holds until the splice completed. `None` when this thread has no ring, or
-/// it retired before the splice was submitted.
-pub async fn splice(
-    fd_in: RawFd,
-    off_in: Option<u64>,
-    fd_out: RawFd,
-    len: u32,
-    keep: Box<dyn Any>,
-) -> Option<io::Result<usize>> {
-    let off_in = match off_in {
-        Some(off) => i64::try_from(off).ok()?,
-        None => -1,
-    };
-    let splice = opcode::Splice::new(types::Fd(fd_in), off_in, types::Fd(fd_out), -1, len).build();
-    // SAFETY: a splice touches no memory of this process; its descriptors belong to `keep`,
-    // which `submit` holds until the splice completes.
-    let done = unsafe { submit(splice, None, keep) }.await?;
-    Some(done.map(|(_, n)| n))
-}
-
-/// Asks the kernel to read `len` bytes at `pos` of `fd` into the page cache, as
-/// `posix_fadvise(POSIX_FADV_WILLNEED)`, without waiting for it. `fd` must belong to `keep`.
-/// Nothing happens when this thread has no ring.
-pub fn will_need(fd: RawFd, pos: u64, len: u32, keep: Box<dyn Any>) {
-    let advise = opcode::Fadvise::new(types::Fd(fd), len.into(), libc::POSIX_FADV_WILLNEED)
-        .offset(pos)
-        .build();
-    // SAFETY: advice touches no memory of this process; its descriptor belongs to `keep`.
-    let advised = unsafe { submit(advise, None, keep) };
-    glommio::spawn_local(async move {
-        if let Some(Err(e)) = advised.await {
-            tracing::debug!(error = %e, "readahead advice failed");
-        }
-    })
-    .detach();
-}
-
-/// Pushes `entry` with its wake-up, submits both, and waits for the entry's result: the
-/// buffer back, and what the operation returned (an error for a negative result). `None`
-/// when there is no ring, or it retired before `entry` was submitted.
-///
-/// # Safety
-/// Whatever memory `entry` points to must be `buf`'s, or live for as long as the process;
-/// every descriptor it names must stay open while `keep` lives.
-async unsafe fn submit(
-    entry: squeue::Entry,
-    buf: Option<AlignedBuf>,
-    keep: Box<dyn Any>,
-) -> Option<io::Result<(Option<AlignedBuf>, usize)>> {
     let ring = RING.with(|r| r.borrow().clone())?;
-    let read = buf.is_some();
-    let slots = match read {
-        true => &ring.read_slots,
-        false => &ring.other_slots,
-    };
-    // The slot is the reaper's to give back, once the operation completed. A retired ring
+    // The slot is the reaper's to give back, once the read completed. A retired ring
     // closed the semaphore.
-    slots.acquire(1).await.ok()?;
+    ring.slots.acquire(1).await.ok()?;
     if ring.retired.get() {
         return None;
     }
+    let mut buf = pool::buffer(len);
     let (done, result) = oneshot::channel();
     {
         let mut ops = ring.ops.borrow_mut();
         let i = ops
             .iter()
             .position(Option::is_none)
-            .expect("a free slot: the semaphores count the free ones");
-        let entry = entry.flags(squeue::Flags::IO_HARDLINK).user_data(i as u64);
+            .expect("a free slot: the semaphore counts the free ones");
+        let read = opcode::Read::new(types::Fd(fd), buf.as_mut_ptr(), len32)
+            .offset(pos)
+            .build()
+            .flags(squeue::Flags::IO_HARDLINK)
+            .user_data(i as u64);
         let wake = opcode::Write::new(types::Fixed(0), WAKE_BYTE.as_ptr(), 1)
             .build()
             .user_data(WAKE);
         let mut uring = ring.ring.borrow_mut();
-        // SAFETY: by this function's contract, `entry` uses only `buf`'s memory, which moves
-        // into `ops[i]` below (it stays put) and leaves it only when the completion is
-        // reaped, or never (a ring dropped with it in flight leaks it), and descriptors
-        // that `keep`, kept as long, holds open; the wake-up writes a static byte to the
-        // file registered at 0.
-        unsafe { uring.submission().push_multiple(&[entry, wake]) }
+        // SAFETY: the read's buffer is `buf`, which moves into `ops[i]` below (its memory
+        // stays put) and leaves it only when the read's completion is reaped, or never (a
+        // ring dropped with reads in flight leaks their buffers); the wake-up writes a
+        // static byte to the file registered at 0.
+        unsafe { uring.submission().push_multiple(&[read, wake]) }
             .expect("room: every submission is submitted before the next one is pushed");
-        ops[i] = Some(Op {
-            buf,
-            keep,
-            read,
-            done,
-        });
+        ops[i] = Some(Op { buf, done });
         if let Err(e) = submit_all(&mut uring) {
             tracing::error!(error = %e, "io_uring submission failed: Direct I/O reads go through glommio from now on");
             drop((uring, ops));
@@ -304,15 +202,17 @@ async unsafe fn submit(
             return None;
         }
     }
-    let Ok((buf, res)) = result.await else {
+    let Ok((mut buf, res)) = result.await else {
         return Some(Err(io::Error::other(
-            "the shard's io_uring retired under an operation",
+            "the shard's io_uring retired under a read",
         )));
     };
     if res < 0 {
         return Some(Err(io::Error::from_raw_os_error(-res)));
     }
-    Some(Ok((buf, res as usize)))
+    // SAFETY: the kernel wrote the `res` bytes the read returned.
+    unsafe { buf.set_len(res as usize) };
+    Some(Ok(buf.into_bytes()))
 }
 
 /// Submits everything pushed, retrying only on EINTR: nothing awaits in between.
@@ -360,10 +260,10 @@ async fn reap(ring: Weak<Ring>, mut wake_rx: UnixStream) {
             Some(Err(e)) => {
                 tracing::error!(error = %e, "the io_uring wake-up socket failed: Direct I/O reads go through glommio from now on");
                 ring.retire();
-                // Fail the operations waiting; their buffers and descriptors stay, for the
-                // kernel may still use them.
+                // Fail the reads waiting; their buffers stay, for the kernel may still
+                // write into them.
                 for op in ring.ops.borrow_mut().iter_mut().filter_map(Option::take) {
-                    op.leak();
+                    std::mem::forget(op.buf);
                 }
                 return;
             }
@@ -382,14 +282,10 @@ async fn reap(ring: Weak<Ring>, mut wake_rx: UnixStream) {
         for (i, res) in completed {
             let op = ring.ops.borrow_mut()[i]
                 .take()
-                .expect("a completion for an operation in flight");
-            match op.read {
-                true => ring.read_slots.signal(1),
-                false => ring.other_slots.signal(1),
-            }
-            // The operation's future may be gone; its buffer is then dropped here.
+                .expect("a completion for a read in flight");
+            ring.slots.signal(1);
+            // The read's future may be gone; its buffer is then dropped here.
             let _ = op.done.send((op.buf, res));
-            drop(op.keep);
         }
     }
 }

@@ -3,7 +3,6 @@
 use std::rc::Rc;
 
 use bytes::{Buf, Bytes, BytesMut};
-use ferrolog_io::FileRange;
 use futures::future::LocalBoxFuture;
 use futures::FutureExt;
 use kafka_protocol::messages::api_versions_response::ApiVersion;
@@ -107,9 +106,6 @@ pub struct Response {
     pub key: ApiKey,
     pub version: i16,
     pub body: ResponseKind,
-    /// Records a Fetch sends from segment files: `body` holds a placeholder for each
-    /// (`frame::file_marker`).
-    pub files: Vec<FileRange>,
 }
 
 /// Why a connection must close instead of answering.
@@ -137,7 +133,6 @@ fn api_versions_error_response(correlation_id: i32) -> Response {
         correlation_id,
         key: ApiKey::ApiVersions,
         version: 0,
-        files: Vec::new(),
         body: ResponseKind::ApiVersions(
             ApiVersionsResponse::default()
                 .with_error_code(BrokerError::UnsupportedVersion.code())
@@ -229,7 +224,6 @@ pub async fn start(
         key,
         version,
         body,
-        files: Vec::new(),
     };
     let pending: LocalBoxFuture<'static, Reply<Response>> = match *body {
         RequestKind::Produce(req) => {
@@ -237,11 +231,9 @@ pub async fn start(
             async move { done.await.map(|r| respond(ResponseKind::Produce(r))) }.boxed_local()
         }
         RequestKind::Fetch(req) => async move {
-            let (fetch, files) = handlers::fetch::handle(ctx, req).await;
-            Reply::Send(Response {
-                files,
-                ..respond(ResponseKind::Fetch(fetch))
-            })
+            Reply::Send(respond(ResponseKind::Fetch(
+                handlers::fetch::handle(ctx, req).await,
+            )))
         }
         .boxed_local(),
         RequestKind::ListOffsets(req) => async move {

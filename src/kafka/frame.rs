@@ -6,14 +6,10 @@
 //! prefix is rewritten for the records that go out in its place, as they were read. Fetch
 //! responses run to megabytes, nearly all records, so this saves a copy of every byte a
 //! consumer reads (into a buffer that, at that size, is fresh memory for each response).
-//! Records a Fetch sends from a segment file ([`ferrolog_io::send`]) are never in memory:
-//! the Fetch handler puts a placeholder in their place (`file_marker`), and the frame is cut
-//! there too, for the connection to splice the file's range into the socket.
 
 use std::sync::OnceLock;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use ferrolog_io::FileRange;
 use kafka_protocol::messages::ResponseKind;
 
 use crate::group::codec;
@@ -41,38 +37,6 @@ fn marker(i: usize) -> [u8; 16] {
     m
 }
 
-/// Set in the index of a marker that stands for `Response::files[index]`.
-const FILE_BIT: u64 = 1 << 63;
-
-/// The placeholder a Fetch response holds for the records of `Response::files[i]`.
-pub fn file_marker(i: usize) -> Bytes {
-    Bytes::copy_from_slice(&marker(i | FILE_BIT as usize))
-}
-
-/// Which of `Response::files` `records` stands for, if it is a file's placeholder.
-fn file_index(records: &[u8]) -> Option<usize> {
-    if records.len() != 16 || records[..8] != marker_prefix() {
-        return None;
-    }
-    let index = u64::from_be_bytes(records[8..].try_into().expect("8 bytes"));
-    (index & FILE_BIT != 0).then_some((index & !FILE_BIT) as usize)
-}
-
-/// A piece of a frame: bytes, or a range of a segment file to send as it is.
-pub enum Piece {
-    Bytes(Bytes),
-    File(FileRange),
-}
-
-impl Piece {
-    fn len(&self) -> usize {
-        match self {
-            Piece::Bytes(b) => b.len(),
-            Piece::File(f) => f.len(),
-        }
-    }
-}
-
 /// How a records field's length is written before its bytes: an int32 up to Fetch v11, an
 /// unsigned varint of length + 1 (compact bytes) from v12.
 fn length_prefix(version: i16, len: usize) -> BytesMut {
@@ -86,20 +50,15 @@ fn length_prefix(version: i16, len: usize) -> BytesMut {
 }
 
 /// Encodes `response` as a frame and returns it as pieces to write in order (slices of what
-/// `out` received, record bytes as they are, and file ranges).
-pub fn encode(mut response: Response, out: &mut BytesMut) -> anyhow::Result<Vec<Piece>> {
-    let mut files: Vec<Option<FileRange>> = response.files.drain(..).map(Some).collect();
+/// `out` received, and record bytes as they are).
+pub fn encode(mut response: Response, out: &mut BytesMut) -> anyhow::Result<Vec<Bytes>> {
     let records = match &mut response.body {
-        ResponseKind::Fetch(fetch) => take_records(fetch, &mut files)?,
+        ResponseKind::Fetch(fetch) => take_records(fetch),
         _ => Vec::new(),
     };
-    anyhow::ensure!(
-        files.iter().all(Option::is_none),
-        "a Fetch response holds no placeholder for some of its file ranges"
-    );
     let encoded = encode_whole(&response, out)?;
     if records.is_empty() {
-        return Ok(vec![Piece::Bytes(encoded)]);
+        return Ok(vec![encoded]);
     }
     match cut(&encoded, response.version, records) {
         Ok(pieces) => Ok(pieces),
@@ -109,17 +68,10 @@ pub fn encode(mut response: Response, out: &mut BytesMut) -> anyhow::Result<Vec<
             tracing::error!(
                 "a Fetch response's record markers were not found; copying the records"
             );
-            let mut bytes = Vec::with_capacity(records.len());
-            for piece in records {
-                match piece {
-                    Piece::Bytes(b) => bytes.push(b),
-                    Piece::File(_) => anyhow::bail!("cannot place a Fetch's records from a file"),
-                }
-            }
             if let ResponseKind::Fetch(fetch) = &mut response.body {
-                put_records(fetch, bytes);
+                put_records(fetch, records);
             }
-            Ok(vec![Piece::Bytes(encode_whole(&response, out)?)])
+            Ok(vec![encode_whole(&response, out)?])
         }
     }
 }
@@ -139,34 +91,24 @@ fn encode_whole(response: &Response, out: &mut BytesMut) -> anyhow::Result<Bytes
     .freeze())
 }
 
-/// Replaces each partition's records of `SEPARATE_RECORDS_MIN` bytes or more, and each
-/// file's placeholder, with a marker; returns them in encoding order (a placeholder as the
-/// file range it stands for, taken from `files`).
-fn take_records(
-    fetch: &mut kafka_protocol::messages::FetchResponse,
-    files: &mut [Option<FileRange>],
-) -> anyhow::Result<Vec<Piece>> {
+/// Replaces each partition's records of `SEPARATE_RECORDS_MIN` bytes or more with a marker;
+/// returns them in encoding order.
+fn take_records(fetch: &mut kafka_protocol::messages::FetchResponse) -> Vec<Bytes> {
     let mut taken = Vec::new();
     for topic in &mut fetch.responses {
         for p in &mut topic.partitions {
-            let Some(records) = &mut p.records else {
-                continue;
-            };
-            let piece = match file_index(records) {
-                Some(i) => {
-                    let file = files.get_mut(i).and_then(Option::take);
-                    Piece::File(file.ok_or_else(|| {
-                        anyhow::anyhow!("a Fetch response's file placeholder {i} has no file")
-                    })?)
-                }
-                None if records.len() >= SEPARATE_RECORDS_MIN => Piece::Bytes(records.clone()),
-                None => continue,
-            };
-            *records = Bytes::copy_from_slice(&marker(taken.len()));
-            taken.push(piece);
+            if p.records
+                .as_ref()
+                .is_some_and(|r| r.len() >= SEPARATE_RECORDS_MIN)
+            {
+                let records = p
+                    .records
+                    .replace(Bytes::copy_from_slice(&marker(taken.len())));
+                taken.push(records.expect("checked"));
+            }
         }
     }
-    Ok(taken)
+    taken
 }
 
 /// Undoes `take_records`.
@@ -187,7 +129,7 @@ fn put_records(fetch: &mut kafka_protocol::messages::FetchResponse, records: Vec
 
 /// Cuts `encoded` at each marker, in order, and puts the records there with their length;
 /// the records back if a marker is not where it must be.
-fn cut(encoded: &Bytes, version: i16, records: Vec<Piece>) -> Result<Vec<Piece>, Vec<Piece>> {
+fn cut(encoded: &Bytes, version: i16, records: Vec<Bytes>) -> Result<Vec<Bytes>, Vec<Bytes>> {
     let marked = length_prefix(version, 16);
     let mut from = 0;
     let mut size = encoded.len() - 4;
@@ -216,10 +158,10 @@ fn cut(encoded: &Bytes, version: i16, records: Vec<Piece>) -> Result<Vec<Piece>,
             head[..4].copy_from_slice(&size.to_be_bytes());
         }
         head.extend_from_slice(&prefix);
-        pieces.push(Piece::Bytes(head.freeze()));
+        pieces.push(head.freeze());
         pieces.push(r);
     }
-    pieces.push(Piece::Bytes(encoded.slice(from..)));
+    pieces.push(encoded.slice(from..));
     Ok(pieces)
 }
 
@@ -262,7 +204,6 @@ mod tests {
                     .with_session_id(session_id)
                     .with_responses(vec![topic.clone(), topic]),
             ),
-            files: Vec::new(),
         }
     }
 
@@ -288,7 +229,7 @@ mod tests {
                 2 * 6 + 1,
                 "v{version}: three large records in each of two topics"
             );
-            let got: Vec<u8> = pieces.iter().flat_map(bytes_of).collect();
+            let got: Vec<u8> = pieces.concat();
             let whole = encode_whole(&response(version, &sizes), &mut BytesMut::new()).unwrap();
             assert_eq!(got.len(), whole.len(), "v{version}");
             assert!(
@@ -304,58 +245,6 @@ mod tests {
         let pieces = encode(response(12, &[Some(10), None]), &mut out).unwrap();
         assert_eq!(pieces.len(), 1);
         let whole = encode_whole(&response(12, &[Some(10), None]), &mut BytesMut::new()).unwrap();
-        assert_eq!(bytes_of(&pieces[0]), whole.to_vec());
-    }
-
-    /// Records sent from a file take their place in the frame as bytes would: the pieces,
-    /// the file's read in, make the frame with those bytes encoded in place.
-    #[test]
-    fn file_ranges_take_the_place_of_their_placeholders() {
-        let path = std::env::temp_dir().join(format!("ferrolog-frame-{}", std::process::id()));
-        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 249) as u8).collect();
-        std::fs::write(&path, &data).unwrap();
-        let file = std::sync::Arc::new(std::fs::File::open(&path).unwrap());
-        std::fs::remove_file(&path).unwrap();
-        let ranges = [(3, 70_000), (10, 5)];
-        for version in [4, 11, 12, 18] {
-            let mut sent = response(version, &[Some(20_000), Some(0), Some(0), Some(100)]);
-            let mut inline = response(version, &[Some(20_000), Some(0), Some(0), Some(100)]);
-            for (i, &(pos, len)) in ranges.iter().enumerate() {
-                for (r, with) in [
-                    (&mut sent, file_marker(i)),
-                    (&mut inline, bytes_at(&data, pos, len)),
-                ] {
-                    let ResponseKind::Fetch(fetch) = &mut r.body else {
-                        unreachable!()
-                    };
-                    fetch.responses[0].partitions[i + 1].records = Some(with);
-                }
-                sent.files
-                    .push(FileRange::new(file.clone(), pos as u64, len, len));
-            }
-            let pieces = encode(sent, &mut BytesMut::new()).unwrap();
-            let files = pieces
-                .iter()
-                .filter(|p| matches!(p, Piece::File(_)))
-                .count();
-            assert_eq!(files, 2, "v{version}: each file range is a piece");
-            let got: Vec<u8> = pieces.iter().flat_map(bytes_of).collect();
-            let whole = encode_whole(&inline, &mut BytesMut::new()).unwrap();
-            assert!(
-                got == whole[..],
-                "v{version}: the pieces differ from the whole frame"
-            );
-        }
-    }
-
-    fn bytes_at(data: &[u8], pos: usize, len: usize) -> Bytes {
-        Bytes::copy_from_slice(&data[pos..pos + len])
-    }
-
-    fn bytes_of(piece: &Piece) -> Vec<u8> {
-        match piece {
-            Piece::Bytes(b) => b.to_vec(),
-            Piece::File(f) => f.read().unwrap().to_vec(),
-        }
+        assert_eq!(pieces[0], whole);
     }
 }

@@ -10,7 +10,7 @@ use glommio::net::{TcpListener, TcpStream};
 use glommio::sync::StaticPermit;
 
 use crate::kafka::dispatch::{self, Reply, Response};
-use crate::kafka::frame::{self, Piece};
+use crate::kafka::frame;
 use crate::shard::{Shard, REQUEST_MEMORY_BYTES};
 
 /// Requests per connection between being read and their response being written.
@@ -69,7 +69,6 @@ async fn connection(
     stream
         .set_nodelay(true)
         .map_err(|e| anyhow::anyhow!("set_nodelay: {e}"))?;
-    let mut sender = ferrolog_io::send::Sender::new(&stream);
     let (mut reader, mut writer) = stream.split();
     let (tx, rx) = local_channel::new_bounded::<InFlight>(IN_FLIGHT_MAX);
     let writer_task = glommio::spawn_local(async move {
@@ -86,15 +85,7 @@ async fn connection(
                 }
             };
             for piece in frame::encode(response, &mut out)? {
-                match piece {
-                    Piece::Bytes(bytes) => writer.write_all(&bytes).await?,
-                    // `write_all` returned: the bytes before the file's are in the socket.
-                    Piece::File(range) => {
-                        if !sender.send(&range).await? {
-                            writer.write_all(&range.read()?).await?;
-                        }
-                    }
-                }
+                writer.write_all(&piece).await?;
             }
         }
         anyhow::Ok(())

@@ -7,7 +7,6 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ferrolog_io::{Fetched, FileRange};
 use futures::future::{join_all, select, select_all, Either};
 use futures::{stream, FutureExt, StreamExt};
 use indexmap::IndexMap;
@@ -19,7 +18,7 @@ use uuid::Uuid;
 
 use crate::errors::BrokerError;
 use crate::fetch_session::{SessionPartition, SESSION_PARTITIONS_MAX};
-use crate::kafka::{frame, RequestContext};
+use crate::kafka::RequestContext;
 use crate::metadata::MetadataImage;
 use crate::records;
 use crate::shard::Shard;
@@ -35,14 +34,12 @@ const MAX_WAIT_MS_MAX: u64 = 60_000;
 #[derive(Debug, Clone)]
 struct Read {
     error: Option<BrokerError>,
-    records: Fetched,
+    records: Bytes,
     high_watermark: i64,
     log_start_offset: i64,
 }
 
-/// The response, and the file ranges its records placeholders stand for
-/// (`frame::file_marker`), in order.
-pub async fn handle(ctx: Rc<RequestContext>, req: FetchRequest) -> (FetchResponse, Vec<FileRange>) {
+pub async fn handle(ctx: Rc<RequestContext>, req: FetchRequest) -> FetchResponse {
     let image = ctx.shard.image();
     let use_ids = ctx.version >= 13;
     let resolve = |name: &TopicName, id: &Uuid| -> Option<String> {
@@ -180,7 +177,6 @@ pub async fn handle(ctx: Rc<RequestContext>, req: FetchRequest) -> (FetchRespons
 
     // Build the response; an incremental one carries only partitions with news.
     let mut by_topic: BTreeMap<String, Vec<PartitionData>> = BTreeMap::new();
-    let mut files = Vec::new();
     let mut order: Vec<String> = Vec::new();
     {
         let mut sessions = ctx.shard.fetch_sessions.borrow_mut();
@@ -205,7 +201,7 @@ pub async fn handle(ctx: Rc<RequestContext>, req: FetchRequest) -> (FetchRespons
             if !include {
                 continue;
             }
-            let pd = partition_data(tp.partition, read, req.isolation_level, &mut files);
+            let pd = partition_data(tp.partition, read, req.isolation_level);
             if !by_topic.contains_key(&tp.topic) {
                 order.push(tp.topic.clone());
             }
@@ -235,17 +231,15 @@ pub async fn handle(ctx: Rc<RequestContext>, req: FetchRequest) -> (FetchRespons
                 ),
         );
     }
-    let response = FetchResponse::default()
+    FetchResponse::default()
         .with_session_id(session_id)
-        .with_responses(responses);
-    (response, files)
+        .with_responses(responses)
 }
 
-fn error_response(code: i16) -> (FetchResponse, Vec<FileRange>) {
-    let response = FetchResponse::default()
+fn error_response(code: i16) -> FetchResponse {
+    FetchResponse::default()
         .with_error_code(code)
-        .with_session_id(0);
-    (response, Vec::new())
+        .with_session_id(0)
 }
 
 fn error_partition(partition: i32, code: i16) -> PartitionData {
@@ -259,24 +253,10 @@ fn error_partition(partition: i32, code: i16) -> PartitionData {
         .with_records(Some(Bytes::new()))
 }
 
-/// A partition's answer; records in a file go to `files`, a placeholder in their place.
-fn partition_data(
-    partition: i32,
-    read: Read,
-    isolation_level: i8,
-    files: &mut Vec<FileRange>,
-) -> PartitionData {
+fn partition_data(partition: i32, read: Read, isolation_level: i8) -> PartitionData {
     if let Some(e) = read.error {
         return error_partition(partition, e.code());
     }
-    let records = match read.records {
-        Fetched::Bytes(bytes) => bytes,
-        Fetched::File(range) if range.is_empty() => Bytes::new(),
-        Fetched::File(range) => {
-            files.push(range);
-            frame::file_marker(files.len() - 1)
-        }
-    };
     PartitionData::default()
         .with_partition_index(partition)
         .with_high_watermark(read.high_watermark)
@@ -289,7 +269,7 @@ fn partition_data(
             None
         })
         .with_preferred_read_replica(BrokerId(-1))
-        .with_records(Some(records))
+        .with_records(Some(read.records))
 }
 
 /// One partition a fetch reads: from `offset`, at most `limit` bytes, if the client's
@@ -418,18 +398,9 @@ fn settle(targets: &[Target], asked: &[Ask], max_bytes: usize, results: &mut [Re
         }
         let room = t.limit.min(max_bytes.saturating_sub(used));
         let first = used == 0;
-        let end = match &mut r.records {
-            Fetched::Bytes(bytes) => {
-                *bytes = records::leading_batches(bytes, room, first);
-                records::next_offset(bytes).unwrap_or(t.offset)
-            }
-            Fetched::File(range) => {
-                range.cut(room, first);
-                // Where its whole batches end is not known; records follow it below the HW.
-                t.offset
-            }
-        };
+        r.records = records::leading_batches(&r.records, room, first);
         used += r.records.len();
+        let end = records::next_offset(&r.records).unwrap_or(t.offset);
         let more_room = room > a.want || (first && !a.oversized_first && r.records.is_empty());
         if more_room && r.high_watermark > end {
             short.push((a.i, room, first, r.records.len()));
@@ -464,7 +435,7 @@ async fn read_one(shard: &Rc<Shard>, t: &Target, want: usize, oversized_first: b
     } else if want == 0 {
         // No budget left: report positions without reading.
         Ok(crate::partition::ReadResult {
-            records: Fetched::default(),
+            records: Bytes::new(),
             high_watermark: p.high_watermark(),
             log_start_offset: p.log_start(),
         })
@@ -485,7 +456,7 @@ async fn read_one(shard: &Rc<Shard>, t: &Target, want: usize, oversized_first: b
 fn failed(e: BrokerError) -> Read {
     Read {
         error: Some(e),
-        records: Fetched::default(),
+        records: Bytes::new(),
         high_watermark: -1,
         log_start_offset: -1,
     }
@@ -562,7 +533,7 @@ mod tests {
             .collect();
         Read {
             error: None,
-            records: Fetched::Bytes(Bytes::from(bytes)),
+            records: Bytes::from(bytes),
             high_watermark: hw,
             log_start_offset: 0,
         }

@@ -217,6 +217,17 @@ class ConsumerWorker(Worker):
             self.history.committed_reads.append((t, self.history.now(), offsets))
 
 
+def _high_watermark(consumer, topic, partition, give_up_at):
+    """`partition`'s high watermark, asked again after any error until `give_up_at`."""
+    while True:
+        try:
+            return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30, cached=False)[1]
+        except KafkaException:
+            if time.monotonic() >= give_up_at:
+                raise
+            time.sleep(1)
+
+
 def read_everything(bootstrap, topic, partitions, timeout_s=120):
     """The whole log after the run: ({partition: {offset: value}}, {partition: high watermark},
     what could not be read). The watermarks are read again at the end: a change means the
@@ -224,8 +235,10 @@ def read_everything(bootstrap, topic, partitions, timeout_s=120):
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": "check-final", "enable.auto.commit": False,
                   "auto.offset.reset": "earliest", **CLIENT_TIMEOUTS})  # fmt: skip
     try:
-        highs = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=30, cached=False)[1]
-                 for p in range(partitions)}  # fmt: skip
+        # Asked again while the cluster settles: a node restarted by the healing may still be
+        # starting, and librdkafka then fails a query at once (seen: "Unknown partition").
+        settled_by = time.monotonic() + 60
+        highs = {p: _high_watermark(c, topic, p, settled_by) for p in range(partitions)}
         log = {p: {} for p in range(partitions)}
         c.assign([TopicPartition(topic, p, 0) for p in range(partitions) if highs[p] > 0])
         deadline = time.monotonic() + timeout_s

@@ -14,6 +14,7 @@ pub mod errors;
 pub mod fetch_session;
 pub mod group;
 pub mod kafka;
+pub mod mesh;
 pub mod metadata;
 pub mod partition;
 pub mod producer_state;

@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 use futures::channel::oneshot;
 use futures::future::LocalBoxFuture;
 use futures::FutureExt;
-use glommio::channels::channel_mesh::{Full, MeshBuilder, Senders};
 use glommio::sync::Semaphore;
 use tokio::sync::Notify;
 
@@ -27,6 +26,7 @@ use crate::config::BrokerConfig;
 use crate::errors::BrokerError;
 use crate::fetch_session::FetchSessions;
 use crate::group::{self, GroupCoordinator, OFFSETS_TOPIC};
+use crate::mesh::{self, Mesh};
 use crate::metadata::{shard_for, ClusterState, Controller, MetadataImage, ProducerIds};
 use crate::partition::Partition;
 use crate::quorum::Quorum;
@@ -68,7 +68,7 @@ pub struct Shard {
     pub count: usize,
     pub config: Arc<BrokerConfig>,
     pub cluster: Arc<ClusterView>,
-    senders: Senders<Job>,
+    senders: Mesh<Job>,
     image: RefCell<Arc<MetadataImage>>,
     partitions: RefCell<HashMap<TopicPartition, Rc<Partition>>>,
     /// Present on shard 0 only.
@@ -513,7 +513,7 @@ pub fn run(mut config: BrokerConfig, cores: usize) -> anyhow::Result<()> {
         controller_id: std::sync::atomic::AtomicI32::new(-1),
     });
     let config = Arc::new(config);
-    let mesh: MeshBuilder<Job, Full> = MeshBuilder::full(cores, MESH_CHANNEL_JOBS);
+    let mesh = mesh::plan::<Job>(cores, MESH_CHANNEL_JOBS);
     spawn_signal_thread(cores)?;
     tracing::info!(cores, listen = %config.listen_addr, log_dir = %config.log_dir.display(), "starting ferrolog");
     let handles = glommio::LocalExecutorPoolBuilder::new(glommio::PoolPlacement::Unbound(cores))
@@ -660,7 +660,7 @@ async fn shutdown_watch(shard: Rc<Shard>) {
 async fn shard_main(
     config: Arc<BrokerConfig>,
     cluster: Arc<ClusterView>,
-    mesh: MeshBuilder<Job, Full>,
+    mesh: Arc<mesh::Plan<Job>>,
     controller_slot: Arc<std::sync::Mutex<Option<(Controller, ProducerIds)>>>,
 ) -> anyhow::Result<()> {
     // Before any log opens on this thread: glommio learns here how the disks take I/O.
@@ -668,21 +668,20 @@ async fn shard_main(
     for dir in dirs {
         ferrolog_io::fs::probe_direct_reads(dir).await;
     }
-    // A shard whose executor could not be created never joins, and glommio reports that only
-    // when every shard thread is joined: the others would wait here for good, silently.
-    let join = std::pin::pin!(mesh.join());
+    // A shard whose executor could not be created never connects its ends, and glommio
+    // reports that only when every shard thread is joined: the others would wait here for
+    // good, silently.
+    let join = std::pin::pin!(mesh.take().connect());
     let deadline = std::pin::pin!(glommio::timer::sleep(MESH_JOIN_TIMEOUT));
-    let (senders, mut receivers) = match futures::future::select(join, deadline).await {
-        futures::future::Either::Left((joined, _)) => {
-            joined.map_err(|_| anyhow::anyhow!("mesh join failed"))?
-        }
+    let (senders, receivers) = match futures::future::select(join, deadline).await {
+        futures::future::Either::Left((joined, _)) => joined,
         futures::future::Either::Right(_) => anyhow::bail!(
             "not every shard started within {} s (a shard's executor could not be created)",
             MESH_JOIN_TIMEOUT.as_secs()
         ),
     };
-    let id = ShardId(senders.peer_id());
-    let count = senders.nr_consumers();
+    let id = ShardId(senders.id());
+    let count = senders.shards();
     let (controller, producer_ids) = if id.0 == 0 {
         let (c, p) = controller_slot
             .lock()
@@ -726,7 +725,7 @@ async fn shard_main(
         request_memory: Rc::new(Semaphore::new(REQUEST_MEMORY_BYTES)),
         ready: RefCell::new(Some(ready_tx)),
     });
-    for (_, receiver) in receivers.streams() {
+    for receiver in receivers {
         let shard = shard.clone();
         glommio::spawn_local(async move {
             while let Some(job) = receiver.recv().await {

@@ -8,7 +8,9 @@
 # 2. builds ferrolog in release mode (the binary the end-to-end tests start);
 # 3. checks formatting and lints (warnings are errors);
 # 4. runs the Rust unit and property tests (cargo test);
-# 5. runs the end-to-end tests with real clients against real broker processes (pytest).
+# 5. runs the end-to-end tests with real clients against real broker processes (pytest);
+# 6. runs a few of them again against a broker built with AddressSanitizer (scripts/asan.sh;
+#    skipped, and said so, where there is no nightly Rust toolchain).
 #
 # Set FERROLOG_TARGET=apache to run step 5 against Apache Kafka 4.1 instead (fetched by
 # scripts/fetch-apache-kafka.sh), which is how the end-to-end tests are validated.
@@ -35,3 +37,8 @@ cargo test --workspace --locked
 
 step "end-to-end tests (pytest)"
 python3 -m pytest tests/ -v
+
+if [ "${FERROLOG_TARGET:-ferrolog}" = ferrolog ]; then
+    step "end-to-end tests against an AddressSanitizer build (scripts/asan.sh)"
+    scripts/asan.sh
+fi

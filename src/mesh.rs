@@ -68,8 +68,8 @@ pub struct Mesh<T: Send + 'static> {
 
 impl<T: Send + 'static> Ends<T> {
     /// Connects every end on this thread's executor, and returns the senders and the
-    /// receivers. Completes once every other shard connected its side (a channel connects
-    /// both ends at once), so all of them are connected at the same time here.
+    /// receivers. A channel's end connects once the other end connected too (or was dropped:
+    /// sends on it then fail), so every connect is started before any is awaited.
     pub async fn connect(self) -> (Mesh<T>, Vec<ConnectedReceiver<T>>) {
         let to: Vec<_> = self
             .to

@@ -682,6 +682,12 @@ async fn shard_main(
     };
     let id = ShardId(senders.id());
     let count = senders.shards();
+    // Thread names carry glommio's executor id, not the shard's.
+    tracing::debug!(
+        shard = id.0,
+        thread = std::thread::current().name().unwrap_or("?"),
+        "shard joined the mesh"
+    );
     let (controller, producer_ids) = if id.0 == 0 {
         let (c, p) = controller_slot
             .lock()

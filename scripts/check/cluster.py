@@ -13,6 +13,7 @@ own veth. `teardown` removes everything (deleting a namespace deletes its interf
 """
 
 import fcntl
+import gc
 import os
 import signal
 import subprocess
@@ -391,6 +392,10 @@ class Cluster:
             n.wait_ready()
 
     def teardown(self):
+        # The admin client first: alive, it would keep reconnecting to the nodes' addresses,
+        # and once the namespaces are gone those route out of this machine.
+        self._admin = None
+        gc.collect()
         for n in self.nodes.values():
             try:
                 n.kill9()

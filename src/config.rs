@@ -44,6 +44,7 @@ pub struct BrokerConfig {
     pub topic_defaults: BTreeMap<&'static str, String>,
     /// The group coordinator's configs.
     pub group: GroupConfig,
+    pub txn: TxnConfig,
     /// `controller.quorum.voters` (`id@host:port,...`): every node of the cluster, each a
     /// voter of the controller quorum (Raft group 0), with the address it serves Raft traffic
     /// on. Empty (the default): a cluster of this node alone, with no Raft port.
@@ -60,6 +61,38 @@ pub struct BrokerConfig {
     /// leader moves partitions back to their preferred replicas (`replication::preferred`).
     pub auto_leader_rebalance: bool,
     pub leader_imbalance_check_interval_s: u64,
+}
+
+/// The transaction coordinator's configs, with Kafka 4.1's names and defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TxnConfig {
+    /// `transaction.state.log.num.partitions` (default 50): partitions of
+    /// `__transaction_state`.
+    pub topic_partitions: i32,
+    /// `transaction.state.log.replication.factor` (default 3), capped at the cluster's size.
+    pub topic_replication_factor: i16,
+    /// `transaction.state.log.min.isr` (default 2), capped at the replication factor.
+    pub topic_min_isr: i32,
+    /// `transaction.state.log.segment.bytes` (default 100 MiB).
+    pub topic_segment_bytes: i64,
+    /// `transaction.max.timeout.ms` (default 900000): the longest timeout a producer may ask.
+    pub max_timeout_ms: i32,
+    /// `transaction.abort.timed.out.transaction.cleanup.interval.ms` (default 10000): how
+    /// often transactions past their timeout are looked for and aborted.
+    pub abort_timed_out_interval_ms: i64,
+}
+
+impl Default for TxnConfig {
+    fn default() -> Self {
+        TxnConfig {
+            topic_partitions: 50,
+            topic_replication_factor: 3,
+            topic_min_isr: 2,
+            topic_segment_bytes: 104_857_600,
+            max_timeout_ms: 900_000,
+            abort_timed_out_interval_ms: 10_000,
+        }
+    }
 }
 
 /// The group coordinator's configs, with Kafka 4.1's names and defaults.
@@ -516,8 +549,6 @@ const IGNORED_BROKER_KEYS: &[&str] = &[
     "num.recovery.threads.per.data.dir",
     "socket.send.buffer.bytes",
     "socket.receive.buffer.bytes",
-    "transaction.state.log.replication.factor",
-    "transaction.state.log.min.isr",
     "group.coordinator.rebalance.protocols",
     "share.coordinator.state.topic.replication.factor",
     "share.coordinator.state.topic.min.isr",
@@ -551,6 +582,7 @@ impl Default for BrokerConfig {
             retention_check_interval_ms: 300_000,
             topic_defaults,
             group: GroupConfig::default(),
+            txn: TxnConfig::default(),
             voters: BTreeMap::new(),
             replica_lag_time_max_ms: 30_000,
             auto_leader_rebalance: true,
@@ -724,6 +756,24 @@ impl BrokerConfig {
                 "log.retention.ms" => prefer(&mut retention, 3, int(-1, i64::MAX)?),
                 "log.roll.hours" => prefer(&mut roll, 1, int(1, i64::MAX / 3_600_000)? * 3_600_000),
                 "log.roll.ms" => prefer(&mut roll, 2, int(1, i64::MAX)?),
+                "transaction.state.log.num.partitions" => {
+                    self.txn.topic_partitions = int(1, 100_000)? as i32
+                }
+                "transaction.state.log.replication.factor" => {
+                    self.txn.topic_replication_factor = int(1, i64::from(i16::MAX))? as i16
+                }
+                "transaction.state.log.min.isr" => {
+                    self.txn.topic_min_isr = int(1, i64::from(i16::MAX))? as i32
+                }
+                "transaction.state.log.segment.bytes" => {
+                    self.txn.topic_segment_bytes = int(1, i64::from(i32::MAX))?
+                }
+                "transaction.max.timeout.ms" => {
+                    self.txn.max_timeout_ms = int(1, i64::from(i32::MAX))? as i32
+                }
+                "transaction.abort.timed.out.transaction.cleanup.interval.ms" => {
+                    self.txn.abort_timed_out_interval_ms = int(1, i64::from(i32::MAX))?
+                }
                 "offsets.topic.num.partitions" => {
                     self.group.offsets_topic_partitions = int(1, 100_000)? as i32
                 }

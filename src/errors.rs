@@ -56,6 +56,20 @@ pub enum BrokerError {
     TransactionalIdAuthorizationFailed,
     #[error("The producer attempted a transactional operation in an invalid state.")]
     InvalidTxnState,
+    #[error("Indicates that the transaction coordinator sending a WriteTxnMarker is no longer the current coordinator for a given producer.")]
+    TransactionCoordinatorFenced,
+    #[error("The producer attempted to update a transaction while another concurrent operation on the same transaction was ongoing.")]
+    ConcurrentTransactions,
+    #[error("The producer attempted to use a producer id which is not currently assigned to its transactional id.")]
+    InvalidProducerIdMapping,
+    #[error("The transaction timeout is larger than the maximum value allowed by the broker (as configured by transaction.max.timeout.ms).")]
+    InvalidTransactionTimeout,
+    #[error(
+        "There is a newer producer with the same transactionalId which fences the current one."
+    )]
+    ProducerFenced,
+    #[error("The broker did not attempt to execute this operation.")]
+    OperationNotAttempted,
     #[error("The broker received an out of order sequence number.")]
     OutOfOrderSequence,
     #[error("Producer attempted to produce with an old epoch.")]
@@ -186,6 +200,12 @@ pub fn kafka_error(e: &BrokerError) -> ResponseError {
             ResponseError::TransactionalIdAuthorizationFailed
         }
         BrokerError::InvalidTxnState => ResponseError::InvalidTxnState,
+        BrokerError::TransactionCoordinatorFenced => ResponseError::TransactionCoordinatorFenced,
+        BrokerError::ConcurrentTransactions => ResponseError::ConcurrentTransactions,
+        BrokerError::InvalidProducerIdMapping => ResponseError::InvalidProducerIdMapping,
+        BrokerError::InvalidTransactionTimeout => ResponseError::InvalidTransactionTimeout,
+        BrokerError::ProducerFenced => ResponseError::ProducerFenced,
+        BrokerError::OperationNotAttempted => ResponseError::OperationNotAttempted,
         BrokerError::NotEnoughReplicas => ResponseError::NotEnoughReplicas,
         BrokerError::OutOfOrderSequence => ResponseError::OutOfOrderSequenceNumber,
         BrokerError::InvalidProducerEpoch => ResponseError::InvalidProducerEpoch,
@@ -247,6 +267,12 @@ mod tests {
             ),
             (BrokerError::NotEnoughReplicas, 19),
             (BrokerError::InvalidTxnState, 48),
+            (BrokerError::InvalidProducerIdMapping, 49),
+            (BrokerError::InvalidTransactionTimeout, 50),
+            (BrokerError::ConcurrentTransactions, 51),
+            (BrokerError::TransactionCoordinatorFenced, 52),
+            (BrokerError::OperationNotAttempted, 55),
+            (BrokerError::ProducerFenced, 90),
             (BrokerError::TransactionalIdAuthorizationFailed, 53),
             (BrokerError::UnsupportedVersion, 35),
             (BrokerError::TopicAlreadyExists(String::new()), 36),

@@ -24,4 +24,5 @@ pub mod records;
 pub mod replication;
 pub mod shard;
 pub mod sim;
+pub mod txn;
 pub mod types;

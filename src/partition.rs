@@ -10,7 +10,7 @@ use std::rc::Rc;
 
 use bytes::{Bytes, BytesMut};
 use ferrolog_io::batch::{self, BatchError, BatchHeader, ATTR_TIMESTAMP_LOG_APPEND};
-use ferrolog_io::{Log, LogError};
+use ferrolog_io::{AbortedTxn, Log, LogError};
 use futures::future::LocalBoxFuture;
 use futures::FutureExt;
 use uuid::Uuid;
@@ -18,7 +18,7 @@ use uuid::Uuid;
 use crate::config::TopicSettings;
 use crate::errors::BrokerError;
 use crate::group::OffsetsLog;
-use crate::producer_state::{ProducerStates, SequenceCheck};
+use crate::producer_state::{marker_batch, Marker, ProducerStates, SequenceCheck};
 use crate::read_ahead::ReadAhead;
 use crate::records::{self, RecordError, TimestampPolicy};
 use crate::replication::{AppendStep, Opened, Placement, Replication};
@@ -84,7 +84,7 @@ impl OffsetsLog for Partition {
         offset: i64,
         max_bytes: usize,
     ) -> LocalBoxFuture<'_, Result<Bytes, BrokerError>> {
-        async move { Ok(self.read(offset, max_bytes, true).await?.records) }.boxed_local()
+        async move { Ok(self.read(offset, max_bytes, true, false).await?.records) }.boxed_local()
     }
     fn append_batch(
         self: &Rc<Self>,
@@ -102,7 +102,10 @@ impl OffsetsLog for Partition {
 pub struct ReadResult {
     pub records: Bytes,
     pub high_watermark: i64,
+    pub last_stable_offset: i64,
     pub log_start_offset: i64,
+    /// read_committed: the aborted transactions among `records`.
+    pub aborted: Option<Vec<AbortedTxn>>,
 }
 
 pub struct Partition {
@@ -297,13 +300,14 @@ impl Partition {
             ));
         }
         if header.is_transactional() {
-            // No transaction coordinator yet: a transactional batch cannot be part of an
-            // ongoing transaction here.
-            return Err(if transactional_id {
-                BrokerError::InvalidTxnState
-            } else {
-                BrokerError::TransactionalIdAuthorizationFailed
-            });
+            if !transactional_id {
+                return Err(BrokerError::TransactionalIdAuthorizationFailed);
+            }
+            if !header.has_producer_id() || header.base_sequence < 0 {
+                return Err(BrokerError::InvalidRecord(
+                    "a transactional batch needs a producer id and sequence".into(),
+                ));
+            }
         }
         let policy = TimestampPolicy {
             compacted: settings.compacted,
@@ -355,6 +359,7 @@ impl Partition {
             // Only once a Raft leader shows it still leads (`Replication::out_of_order`).
             SequenceCheck::OutOfOrder => return Ok(self.replication.out_of_order()),
             SequenceCheck::StaleEpoch => return Err(BrokerError::InvalidProducerEpoch),
+            SequenceCheck::TxnOpen => return Err(BrokerError::InvalidTxnState),
         }
         let mut bytes = BytesMut::from(&records[..]);
         let log_append_time_ms = if settings.log_append_time {
@@ -372,45 +377,99 @@ impl Partition {
             .append(&self.producers, bytes, &header, log_append_time_ms, now_ms)
     }
 
-    /// Reads from `offset` up to the HW; `first_in_response`: the first batch may exceed
-    /// `max_bytes` (KIP-74), otherwise an oversized batch is left for a later fetch. Takes
-    /// what a read ahead found there, and starts the next one (`read_ahead`).
+    /// Writes a transaction marker the coordinator asks for (WriteTxnMarkers): a control
+    /// batch of the producer that closes its open transaction here, through the same
+    /// replicated append as produced batches. Refused for an older producer epoch
+    /// (INVALID_PRODUCER_EPOCH) or coordinator epoch (TRANSACTION_COORDINATOR_FENCED).
+    pub fn append_marker(
+        &self,
+        producer_id: i64,
+        producer_epoch: i16,
+        marker: Marker,
+        now_ms: i64,
+    ) -> Result<AppendStep, BrokerError> {
+        if let Some(e) = self.log.failure() {
+            return Err(BrokerError::Storage(e.to_string()));
+        }
+        if !self.is_leader() {
+            return Err(BrokerError::NotLeaderOrFollower);
+        }
+        self.replication
+            .ready(&self.producers, self.log.end_offset())?;
+        self.producers.borrow().check_marker(
+            producer_id,
+            producer_epoch,
+            marker.coordinator_epoch,
+        )?;
+        let bytes = marker_batch(producer_id, producer_epoch, marker, now_ms);
+        let header = BatchHeader::parse(&bytes).expect("a marker batch parses");
+        self.replication
+            .append(&self.producers, bytes, &header, -1, now_ms)
+    }
+
+    /// The last stable offset (LSO): read_committed consumers read below it. The HW, or the
+    /// first offset of a transaction not yet closed and committed, if lower (never below the
+    /// log start).
+    pub fn last_stable_offset(&self) -> i64 {
+        let hw = self.high_watermark();
+        match self.producers.borrow_mut().first_unstable(hw) {
+            Some(first) => first.max(self.log_start()).min(hw),
+            None => hw,
+        }
+    }
+
+    /// Reads from `offset` up to the HW, or up to the LSO when `read_committed` (which also
+    /// returns the aborted transactions of what it read); `first_in_response`: the first
+    /// batch may exceed `max_bytes` (KIP-74), otherwise an oversized batch is left for a
+    /// later fetch. Takes what a read ahead found there, and starts the next one
+    /// (`read_ahead`).
     pub async fn read(
         &self,
         offset: i64,
         max_bytes: usize,
         first_in_response: bool,
+        read_committed: bool,
     ) -> Result<ReadResult, BrokerError> {
         // Consumers read from the leader (no KIP-392 follower fetching).
         if !self.is_leader() {
             return Err(BrokerError::NotLeaderOrFollower);
         }
         let hw = self.high_watermark();
+        let lso = self.last_stable_offset();
+        let upper = if read_committed { lso } else { hw };
         let log_start = self.log_start();
         if offset < log_start {
             return Err(BrokerError::OffsetOutOfRange);
         }
-        // A read ahead from `offset` holds what this read would return (committed records,
-        // whole batches from `offset`), or less: it stopped at the HW of its time.
-        let ahead = self
-            .read_ahead
-            .take(offset)
-            .await
-            .map(|records| records::leading_batches(&records, max_bytes, first_in_response));
+        // A read ahead from `offset` holds what a read to the HW would return (committed
+        // records, whole batches from `offset`), or less: it stopped at the HW of its time.
+        let ahead =
+            match upper == hw {
+                true => self.read_ahead.take(offset).await.map(|records| {
+                    records::leading_batches(&records, max_bytes, first_in_response)
+                }),
+                false => None,
+            };
         let records = match ahead {
             Some(records) if !records.is_empty() => records,
             _ => self
                 .log
-                .read(offset, max_bytes, hw, first_in_response)
+                .read(offset, max_bytes, upper, first_in_response)
                 .await
                 .map_err(BrokerError::from_log)?,
         };
         self.read_ahead
-            .after_read(&self.log, offset, &records, max_bytes, hw);
+            .after_read(&self.log, offset, &records, max_bytes, upper);
+        let aborted = read_committed.then(|| {
+            let end = records::next_offset(&records).unwrap_or(offset);
+            self.log.aborted_txns(offset, end)
+        });
         Ok(ReadResult {
             records,
             high_watermark: hw,
+            last_stable_offset: lso,
             log_start_offset: log_start,
+            aborted,
         })
     }
 
@@ -419,8 +478,12 @@ impl Partition {
     pub async fn offset_for_timestamp(
         &self,
         timestamp: i64,
+        read_committed: bool,
     ) -> Result<Option<(i64, i64)>, BrokerError> {
-        let hw = self.high_watermark();
+        let hw = match read_committed {
+            true => self.last_stable_offset(),
+            false => self.high_watermark(),
+        };
         let Some(batch_bytes) = self
             .log
             .find_batch_by_timestamp(timestamp, hw)

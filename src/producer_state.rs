@@ -1,22 +1,35 @@
-//! Idempotent-producer state of one partition (KIP-98): per producer id, its epoch and the
-//! last five batches it wrote, so retries are recognised and gaps are refused.
+//! Producer state of one partition (KIP-98): per producer id, its epoch, the last five
+//! batches it wrote (so retries are recognised and gaps are refused), and its open
+//! transaction, which holds the partition's last stable offset (LSO) back.
 //!
 //! The rules follow Kafka 4.1's `ProducerAppendInfo`: an older epoch is fenced
 //! (INVALID_PRODUCER_EPOCH); a new epoch must start at sequence 0; within an epoch each batch
 //! must follow the last one (wrapping at `i32::MAX`); a producer with no state here may start
 //! anywhere; a batch equal to one of the last five is a duplicate and is answered with the
-//! offset it got the first time.
+//! offset it got the first time. A transactional batch opens the producer's transaction here
+//! if none is open; a non-transactional one while it is open is INVALID_TXN_STATE. A
+//! transaction marker (a control batch the coordinator has written, `marker_batch`) closes
+//! it: a marker of an older producer epoch is INVALID_PRODUCER_EPOCH, one of an older
+//! coordinator epoch TRANSACTION_COORDINATOR_FENCED. A closed transaction holds the LSO back
+//! until the high watermark passes its marker.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use bytes::{Buf, BufMut};
 use serde::{Deserialize, Serialize};
 
-use ferrolog_io::batch::BatchHeader;
+use ferrolog_io::batch::{self, BatchHeader};
+use ferrolog_io::AbortedTxn;
 
 /// The version of `ProducerStates::encode` (a Raft snapshot's partition state tells its own
-/// layout from this one by it: `replication::raft::SnapshotState`).
-pub(crate) const STATE_VERSION: u8 = 1;
+/// layout from this one by it: `replication::raft::SnapshotState`). Version 1 had no
+/// transactions, and is still read.
+pub(crate) const STATE_VERSION: u8 = 4;
+const STATE_VERSION_1: u8 = 1;
+
+/// Control record types of Kafka's transaction markers.
+const MARKER_ABORT: i16 = 0;
+const MARKER_COMMIT: i16 = 1;
 
 /// Why bytes are not an encoded producer state.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +60,33 @@ struct ProducerEntry {
     epoch: i16,
     batches: VecDeque<BatchMeta>,
     last_used: u64,
+    /// The first offset of its open transaction here.
+    #[serde(default)]
+    txn_first: Option<i64>,
+    /// The coordinator epoch of the last marker (-1: none yet).
+    #[serde(default = "no_coordinator_epoch")]
+    coordinator_epoch: i32,
+}
+
+fn no_coordinator_epoch() -> i32 {
+    -1
+}
+
+/// A transaction marker: what the coordinator decided, and its epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Marker {
+    pub commit: bool,
+    pub coordinator_epoch: i32,
+}
+
+/// A transaction a marker closed here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClosedTxn {
+    pub producer_id: i64,
+    pub first_offset: i64,
+    /// The marker's offset.
+    pub last_offset: i64,
+    pub aborted: bool,
 }
 
 /// Outcome of checking a batch before it is appended.
@@ -60,6 +100,8 @@ pub enum SequenceCheck {
     OutOfOrder,
     /// Refuse: INVALID_PRODUCER_EPOCH.
     StaleEpoch,
+    /// Refuse: INVALID_TXN_STATE (a non-transactional batch while its transaction is open).
+    TxnOpen,
 }
 
 /// Serialisable: partitions snapshot it at each segment roll.
@@ -67,6 +109,12 @@ pub enum SequenceCheck {
 pub struct ProducerStates {
     producers: HashMap<i64, ProducerEntry>,
     clock: u64,
+    /// Open transactions by first offset (producer id): built from `producers`.
+    #[serde(skip)]
+    open: BTreeMap<i64, i64>,
+    /// Closed transactions whose marker the HW may not have passed yet (`first_unstable`).
+    #[serde(default)]
+    closing: VecDeque<ClosedTxn>,
 }
 
 fn in_sequence(last_seq: i32, next_first: i32) -> bool {
@@ -105,11 +153,116 @@ impl ProducerStates {
         }
         match entry.batches.back() {
             Some(last) if !in_sequence(last.last_seq, h.base_sequence) => SequenceCheck::OutOfOrder,
+            _ if entry.txn_first.is_some() && !h.is_transactional() => SequenceCheck::TxnOpen,
             _ => SequenceCheck::Accept,
         }
     }
 
-    /// Records an appended batch (or one found during recovery).
+    /// Checks a marker the coordinator asks for against the producer's epochs.
+    pub fn check_marker(
+        &self,
+        producer_id: i64,
+        producer_epoch: i16,
+        coordinator_epoch: i32,
+    ) -> Result<(), crate::errors::BrokerError> {
+        use crate::errors::BrokerError;
+        let Some(entry) = self.producers.get(&producer_id) else {
+            return Ok(());
+        };
+        if producer_epoch < entry.epoch {
+            return Err(BrokerError::InvalidProducerEpoch);
+        }
+        if coordinator_epoch < entry.coordinator_epoch {
+            return Err(BrokerError::TransactionCoordinatorFenced);
+        }
+        Ok(())
+    }
+
+    /// Records an appended batch: a producer's batch (`record`), or a transaction marker
+    /// (`marker`, from `marker_of`), which closes the producer's open transaction and
+    /// returns it.
+    pub fn apply(&mut self, h: &BatchHeader, marker: Option<Marker>) -> Option<ClosedTxn> {
+        match marker {
+            Some(marker) => self.close(h, marker),
+            None => {
+                self.record(h);
+                None
+            }
+        }
+    }
+
+    /// The marker at `h` closes its producer's open transaction, if any.
+    fn close(&mut self, h: &BatchHeader, marker: Marker) -> Option<ClosedTxn> {
+        self.clock += 1;
+        let clock = self.clock;
+        let entry = self
+            .producers
+            .entry(h.producer_id)
+            .or_insert_with(|| ProducerEntry::new(h.producer_epoch, clock));
+        if h.producer_epoch != entry.epoch {
+            entry.epoch = h.producer_epoch;
+            entry.batches.clear();
+        }
+        entry.coordinator_epoch = marker.coordinator_epoch;
+        entry.last_used = clock;
+        let first_offset = entry.txn_first.take()?;
+        self.open.remove(&first_offset);
+        let closed = ClosedTxn {
+            producer_id: h.producer_id,
+            first_offset,
+            last_offset: h.base_offset,
+            aborted: !marker.commit,
+        };
+        self.closing.push_back(closed);
+        Some(closed)
+    }
+
+    /// The aborted-transaction index entry of `closed`, an abort just recorded: its last
+    /// stable offset is the first offset of the earliest transaction still open, or the offset
+    /// after the marker.
+    pub fn aborted_entry(&self, closed: &ClosedTxn) -> AbortedTxn {
+        AbortedTxn {
+            producer_id: closed.producer_id,
+            first_offset: closed.first_offset,
+            last_offset: closed.last_offset,
+            last_stable_offset: self
+                .open
+                .keys()
+                .next()
+                .copied()
+                .unwrap_or(closed.last_offset + 1),
+        }
+    }
+
+    /// The first offset a read_committed consumer may not read yet: that of the earliest
+    /// open transaction, or of a closed one whose marker is at or past `hw`. The LSO is this
+    /// or `hw`, whichever is lower.
+    pub fn first_unstable(&mut self, hw: i64) -> Option<i64> {
+        while self.closing.front().is_some_and(|c| c.last_offset < hw) {
+            self.closing.pop_front();
+        }
+        let open = self.open.keys().next().copied();
+        let closing = self.closing.iter().map(|c| c.first_offset).min();
+        open.into_iter().chain(closing).min()
+    }
+
+    /// Whether any transaction is open here.
+    pub fn has_open_transactions(&self) -> bool {
+        !self.open.is_empty()
+    }
+
+    /// Builds the open-transaction index from the producers (after deserialising).
+    pub fn reindex(mut self) -> ProducerStates {
+        self.open = self
+            .producers
+            .iter()
+            .filter_map(|(&id, e)| Some((e.txn_first?, id)))
+            .collect();
+        self
+    }
+
+    /// Records an appended producer batch (or one found during recovery). Control batches
+    /// go through `apply`.
     pub fn record(&mut self, h: &BatchHeader) {
         if !h.has_producer_id() || h.is_control() {
             return;
@@ -119,11 +272,11 @@ impl ProducerStates {
         let entry = self
             .producers
             .entry(h.producer_id)
-            .or_insert_with(|| ProducerEntry {
-                epoch: h.producer_epoch,
-                batches: VecDeque::with_capacity(BATCHES_RETAINED),
-                last_used: clock,
-            });
+            .or_insert_with(|| ProducerEntry::new(h.producer_epoch, clock));
+        if h.is_transactional() && entry.txn_first.is_none() {
+            entry.txn_first = Some(h.base_offset);
+            self.open.insert(h.base_offset, h.producer_id);
+        }
         if h.producer_epoch != entry.epoch {
             entry.epoch = h.producer_epoch;
             entry.batches.clear();
@@ -139,18 +292,82 @@ impl ProducerStates {
         });
         entry.last_used = clock;
         if self.producers.len() > PRODUCERS_MAX {
-            if let Some((&oldest, _)) = self.producers.iter().min_by_key(|(_, e)| e.last_used) {
+            // Never one with an open transaction, which holds the LSO (as Kafka's expiry).
+            if let Some((&oldest, _)) = self
+                .producers
+                .iter()
+                .filter(|(_, e)| e.txn_first.is_none())
+                .min_by_key(|(_, e)| e.last_used)
+            {
                 self.producers.remove(&oldest);
             }
         }
     }
 }
 
+impl ProducerEntry {
+    fn new(epoch: i16, clock: u64) -> ProducerEntry {
+        ProducerEntry {
+            epoch,
+            batches: VecDeque::with_capacity(BATCHES_RETAINED),
+            last_used: clock,
+            txn_first: None,
+            coordinator_epoch: -1,
+        }
+    }
+}
+
+/// The marker a batch is, if it is one: a transactional control batch of a producer whose
+/// record's key is an ABORT or COMMIT (key version 0) and whose value holds the coordinator
+/// epoch (value version 0). Anything else, damaged markers included, is not one.
+pub fn marker_of(h: &BatchHeader, bytes: &[u8]) -> Option<Marker> {
+    if !(h.is_control() && h.is_transactional() && h.has_producer_id()) {
+        return None;
+    }
+    let (control_type, value) = batch::control_record(h, bytes).ok()??;
+    let commit = match control_type {
+        MARKER_ABORT => false,
+        MARKER_COMMIT => true,
+        _ => return None,
+    };
+    let coordinator_epoch = i32::from_be_bytes(value.get(2..6)?.try_into().ok()?);
+    Some(Marker {
+        commit,
+        coordinator_epoch,
+    })
+}
+
+/// The control batch of a transaction marker, as Kafka's coordinator has its partition
+/// leaders write it (offset and leader epoch are the log's to set).
+pub fn marker_batch(
+    producer_id: i64,
+    producer_epoch: i16,
+    marker: Marker,
+    timestamp_ms: i64,
+) -> bytes::BytesMut {
+    let control_type = if marker.commit {
+        MARKER_COMMIT
+    } else {
+        MARKER_ABORT
+    };
+    let mut value = [0u8; 6]; // version 0, then the coordinator epoch
+    value[2..].copy_from_slice(&marker.coordinator_epoch.to_be_bytes());
+    let b = batch::control_batch(
+        control_type,
+        &value,
+        timestamp_ms,
+        Some((producer_id, producer_epoch)),
+    );
+    bytes::BytesMut::from(&b[..])
+}
+
 impl ProducerStates {
     /// What a Raft snapshot ending at `offset` carries: each producer's batches below it (a
-    /// producer keeps batches of its current epoch only). The entries after the snapshot
-    /// are applied again on top of it, which gives this state back; before they are, a
-    /// replica takes no produce requests (`Replica::ready`).
+    /// producer keeps batches of its current epoch only) and its transaction if that opened
+    /// below it. The entries after the snapshot are applied again on top of it, which gives
+    /// this state back; before they are, a replica takes no produce requests
+    /// (`Replica::ready`). (A snapshot is taken where the state was applied up to, so no
+    /// transaction closed after `offset` is missing here.)
     pub fn below(&self, offset: i64) -> ProducerStates {
         let producers = self
             .producers
@@ -162,11 +379,14 @@ impl ProducerStates {
                     .filter(|b| b.base_offset < offset)
                     .copied()
                     .collect();
-                batches.back()?;
+                let txn_first = entry.txn_first.filter(|&first| first < offset);
+                if batches.is_empty() && txn_first.is_none() {
+                    return None;
+                }
                 let entry = ProducerEntry {
-                    epoch: entry.epoch,
                     batches,
-                    last_used: entry.last_used,
+                    txn_first,
+                    ..*entry
                 };
                 Some((id, entry))
             })
@@ -174,14 +394,18 @@ impl ProducerStates {
         ProducerStates {
             producers,
             clock: self.clock,
+            ..ProducerStates::default()
         }
+        .reindex()
     }
 
-    /// The state as a Raft snapshot carries it, compactly (at most 139 bytes a producer):
-    /// version 1, the clock, the producer count, then per producer its id, epoch, last use,
-    /// and its batches (count, then first and last sequence, base offset, timestamp each).
+    /// The state as a Raft snapshot carries it, compactly (at most 151 bytes a producer):
+    /// version 4, the clock, the producer count, then per producer its id, epoch, last use,
+    /// open transaction's first offset (-1: none), coordinator epoch, and its batches (count,
+    /// then first and last sequence, base offset, timestamp each). Version 1 had no
+    /// transaction fields.
     pub fn encode(&self) -> bytes::Bytes {
-        let mut out = bytes::BytesMut::with_capacity(13 + self.producers.len() * 43);
+        let mut out = bytes::BytesMut::with_capacity(13 + self.producers.len() * 55);
         out.put_u8(STATE_VERSION);
         out.put_u64(self.clock);
         out.put_u32(u32::try_from(self.producers.len()).expect("producers fit u32"));
@@ -189,6 +413,8 @@ impl ProducerStates {
             out.put_i64(*id);
             out.put_i16(entry.epoch);
             out.put_u64(entry.last_used);
+            out.put_i64(entry.txn_first.unwrap_or(-1));
+            out.put_i32(entry.coordinator_epoch);
             out.put_u8(u8::try_from(entry.batches.len()).expect("at most five batches"));
             for b in &entry.batches {
                 out.put_i32(b.first_seq);
@@ -200,8 +426,8 @@ impl ProducerStates {
         out.freeze()
     }
 
-    /// Reads what `encode` wrote (nothing: no state, as in a snapshot taken before
-    /// snapshots carried it); anything else is an error, never a panic.
+    /// Reads what `encode` wrote, or version 1 (nothing: no state, as in a snapshot taken
+    /// before snapshots carried it); anything else is an error, never a panic.
     pub fn decode(bytes: &[u8]) -> Result<ProducerStates, StateError> {
         let mut b = bytes;
         if b.is_empty() {
@@ -213,17 +439,27 @@ impl ProducerStates {
         };
         need(b, 13)?;
         let version = b.get_u8();
-        if version != STATE_VERSION {
-            return Err(StateError(format!("unknown version {version}")));
-        }
+        let with_txns = match version {
+            STATE_VERSION => true,
+            STATE_VERSION_1 => false,
+            _ => return Err(StateError(format!("unknown version {version}"))),
+        };
+        let fixed = if with_txns { 31 } else { 19 };
         let clock = b.get_u64();
         let count = b.get_u32() as usize;
-        // Each producer takes at least 19 bytes: a count beyond them is damage.
-        need(b, count.saturating_mul(19))?;
+        // Each producer takes at least `fixed` bytes: a count beyond them is damage.
+        need(b, count.saturating_mul(fixed))?;
         let mut producers = HashMap::with_capacity(count);
         for _ in 0..count {
-            need(b, 19)?;
+            need(b, fixed)?;
             let (id, epoch, last_used) = (b.get_i64(), b.get_i16(), b.get_u64());
+            let (txn_first, coordinator_epoch) = match with_txns {
+                true => (b.get_i64(), b.get_i32()),
+                false => (-1, -1),
+            };
+            if txn_first < -1 {
+                return Err(StateError(format!("producer {id} opened at {txn_first}")));
+            }
             let n = usize::from(b.get_u8());
             if n > BATCHES_RETAINED {
                 return Err(StateError(format!("producer {id} with {n} batches")));
@@ -241,6 +477,8 @@ impl ProducerStates {
                 epoch,
                 batches,
                 last_used,
+                txn_first: (txn_first >= 0).then_some(txn_first),
+                coordinator_epoch,
             };
             if producers.insert(id, entry).is_some() {
                 return Err(StateError(format!("producer {id} twice")));
@@ -249,13 +487,29 @@ impl ProducerStates {
         if !b.is_empty() {
             return Err(StateError(format!("{} trailing bytes", b.len())));
         }
-        Ok(ProducerStates { producers, clock })
+        let states = ProducerStates {
+            producers,
+            clock,
+            ..ProducerStates::default()
+        }
+        .reindex();
+        if states.open.len()
+            != states
+                .producers
+                .values()
+                .filter(|e| e.txn_first.is_some())
+                .count()
+        {
+            return Err(StateError("two transactions open at one offset".into()));
+        }
+        Ok(states)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferrolog_io::batch::make_batch;
 
     fn h(pid: i64, epoch: i16, seq: i32, count: i32, offset: i64) -> BatchHeader {
         BatchHeader {
@@ -310,6 +564,128 @@ mod tests {
             SequenceCheck::OutOfOrder,
             "only five batches are kept"
         );
+    }
+
+    fn txn(pid: i64, epoch: i16, seq: i32, count: i32, offset: i64) -> BatchHeader {
+        BatchHeader {
+            attributes: batch::ATTR_TRANSACTIONAL,
+            ..h(pid, epoch, seq, count, offset)
+        }
+    }
+
+    /// A marker of `pid` at `offset`, as the log would hold it.
+    fn marker(
+        pid: i64,
+        epoch: i16,
+        commit: bool,
+        coordinator_epoch: i32,
+        offset: i64,
+    ) -> (BatchHeader, Option<Marker>) {
+        let m = Marker {
+            commit,
+            coordinator_epoch,
+        };
+        let mut bytes = marker_batch(pid, epoch, m, 5);
+        batch::set_offset_and_epoch(&mut bytes, offset, 0);
+        let header = batch::verify(&bytes).expect("a valid batch");
+        assert_eq!(marker_of(&header, &bytes), Some(m), "parses back");
+        (header, Some(m))
+    }
+
+    #[test]
+    fn transactions_hold_the_lso_until_their_marker_is_below_the_hw() {
+        let mut s = ProducerStates::default();
+        assert_eq!(s.first_unstable(100), None);
+        s.apply(&txn(1, 0, 0, 2, 10), None);
+        s.apply(&txn(2, 0, 0, 1, 12), None);
+        s.apply(&txn(1, 0, 2, 1, 13), None);
+        assert_eq!(s.first_unstable(20), Some(10));
+        assert_eq!(
+            s.check(&h(1, 0, 3, 1, 14)),
+            SequenceCheck::TxnOpen,
+            "a plain batch while its transaction is open"
+        );
+        assert_eq!(s.check(&txn(1, 0, 3, 1, 14)), SequenceCheck::Accept);
+        // Producer 1 aborts at 14: its entry's LSO is producer 2's open transaction.
+        let (m, k) = marker(1, 0, false, 3, 14);
+        let closed = s.apply(&m, k).expect("closes a transaction");
+        assert_eq!(
+            closed,
+            ClosedTxn {
+                producer_id: 1,
+                first_offset: 10,
+                last_offset: 14,
+                aborted: true
+            }
+        );
+        assert_eq!(s.aborted_entry(&closed).last_stable_offset, 12);
+        assert_eq!(s.first_unstable(14), Some(10), "marker not below the HW");
+        assert_eq!(s.first_unstable(15), Some(12), "then producer 2's");
+        let (m, k) = marker(2, 0, true, 3, 15);
+        let closed = s.apply(&m, k).expect("closes");
+        assert_eq!(s.aborted_entry(&closed).last_stable_offset, 16);
+        assert_eq!(s.first_unstable(16), None);
+        // Sequences go on across transactions of one epoch; a marker with nothing open
+        // closes nothing.
+        assert_eq!(s.check(&h(1, 0, 3, 1, 17)), SequenceCheck::Accept);
+        let (m, k) = marker(1, 0, true, 3, 17);
+        assert_eq!(s.apply(&m, k), None);
+        // Markers of an older producer or coordinator epoch are refused.
+        assert!(s.check_marker(1, 0, 3).is_ok());
+        assert!(matches!(
+            s.check_marker(1, 0, 2),
+            Err(crate::errors::BrokerError::TransactionCoordinatorFenced)
+        ));
+        let (m, k) = marker(1, 1, false, 4, 18);
+        s.apply(&m, k);
+        assert!(matches!(
+            s.check_marker(1, 0, 4),
+            Err(crate::errors::BrokerError::InvalidProducerEpoch)
+        ));
+        assert_eq!(s.check(&h(1, 0, 4, 1, 19)), SequenceCheck::StaleEpoch);
+        assert_eq!(
+            s.check(&h(1, 1, 0, 1, 19)),
+            SequenceCheck::Accept,
+            "new epoch at 0"
+        );
+        assert!(marker_of(&h(1, 0, 0, 1, 0), &make_batch(0, 1, 0, 4)).is_none());
+    }
+
+    #[test]
+    fn open_transactions_survive_snapshots_and_encoding() {
+        let mut s = ProducerStates::default();
+        // Producer 3's transaction opened at 4 and wrote six batches: the last five are all
+        // at or after 6, where the snapshot ends, yet it stays open in the snapshot.
+        for i in 0..6 {
+            s.apply(&txn(3, 0, i, 1, 4 + i64::from(i)), None);
+        }
+        s.apply(&txn(5, 2, 0, 1, 20), None);
+        let below = s.clone().below(6);
+        assert_eq!(below.clone().first_unstable(100), Some(4));
+        assert!(!below.producers.contains_key(&5), "opened after the end");
+        let back = ProducerStates::decode(&s.encode()).expect("decodes");
+        assert_eq!(back.clone().first_unstable(100), Some(4));
+        assert_eq!(back.encode().len(), s.encode().len());
+        let mut back = back;
+        let (m, k) = marker(3, 0, false, 0, 30);
+        assert!(back.apply(&m, k).is_some(), "the reloaded state closes it");
+        // Version 1 (before transactions) still decodes.
+        let mut v1 = bytes::BytesMut::new();
+        v1.put_u8(1);
+        v1.put_u64(9);
+        v1.put_u32(1);
+        v1.put_i64(7);
+        v1.put_i16(0);
+        v1.put_u64(1);
+        v1.put_u8(0);
+        let old = ProducerStates::decode(&v1).expect("version 1");
+        assert_eq!(old.producers.len(), 1);
+        // A snapshot in JSON (a local partition's) keeps the open transaction too.
+        let json = serde_json::to_vec(&s).unwrap();
+        let from_json = serde_json::from_slice::<ProducerStates>(&json)
+            .unwrap()
+            .reindex();
+        assert_eq!(from_json.clone().first_unstable(100), Some(4));
     }
 
     #[test]

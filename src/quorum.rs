@@ -83,6 +83,15 @@ pub enum Forwarded {
     },
     /// Partitions this node leads, with their epoch and ISR (Kafka's AlterPartition).
     ReportLeaders(Vec<(String, LeaderRecord)>),
+    /// A transaction coordinator's markers for partitions the receiving node leads (Kafka's
+    /// WriteTxnMarkers); served by any node, not only the controller leader.
+    WriteTxnMarkers {
+        producer_id: i64,
+        producer_epoch: i16,
+        commit: bool,
+        coordinator_epoch: i32,
+        partitions: Vec<(String, i32)>,
+    },
 }
 
 /// The controller leader's answer to a forwarded request: per item, a value or the Kafka
@@ -101,6 +110,35 @@ pub async fn forward_to_controller<T>(
 where
     T: serde::de::DeserializeOwned,
 {
+    forward_to(shard, None, request, n, ttl).await
+}
+
+/// Sends `request` to node `node` (its shard 0) and waits up to `ttl` for its `n` results;
+/// REQUEST_TIMED_OUT when it does not answer.
+pub async fn forward_to_node<T>(
+    shard: &Rc<Shard>,
+    node: i32,
+    request: Forwarded,
+    n: usize,
+    ttl: Duration,
+) -> Vec<Result<T, BrokerError>>
+where
+    T: serde::de::DeserializeOwned,
+{
+    forward_to(shard, Some(node), request, n, ttl).await
+}
+
+/// `forward_to_node`, or to the controller leader when `node` is None.
+async fn forward_to<T>(
+    shard: &Rc<Shard>,
+    node: Option<i32>,
+    request: Forwarded,
+    n: usize,
+    ttl: Duration,
+) -> Vec<Result<T, BrokerError>>
+where
+    T: serde::de::DeserializeOwned,
+{
     // Not under the controller lock: the leader serialises the change itself.
     let reply = shard
         .invoke_on(ShardId(0), move |shard| {
@@ -109,8 +147,11 @@ where
                 let quorum = shard
                     .quorum()
                     .ok_or("the controller quorum is not running")?;
-                let leader = quorum.leader().ok_or("no controller leader")?;
-                forward(&shard, &quorum, leader, &request, ttl).await
+                let to = match node {
+                    Some(node) => node,
+                    None => quorum.leader().ok_or("no controller leader")?,
+                };
+                forward(&shard, &quorum, to, &request, ttl).await
             }
             .boxed_local()
         })
@@ -341,7 +382,7 @@ async fn forward(
         .config
         .voters
         .get(&leader)
-        .ok_or("the controller leader is not a configured voter")?;
+        .ok_or_else(|| format!("node {leader} is not a configured voter"))?;
     let payload = Bytes::from(serde_json::to_vec(request).expect("serialises"));
     quorum
         .transport
@@ -371,6 +412,27 @@ async fn serve_forwarded(shard: &Rc<Shard>, payload: &[u8]) -> Result<Bytes, Str
             Ok(Bytes::new())
         }
         Forwarded::CreateTopics(specs) => Ok(reply(create_topics(shard, specs, false).await)),
+        Forwarded::WriteTxnMarkers {
+            producer_id,
+            producer_epoch,
+            commit,
+            coordinator_epoch,
+            partitions,
+        } => {
+            let marker = crate::producer_state::Marker {
+                commit,
+                coordinator_epoch,
+            };
+            let results = crate::txn::write_markers_here(
+                shard,
+                producer_id,
+                producer_epoch,
+                marker,
+                partitions,
+            )
+            .await;
+            Ok(reply(results))
+        }
         Forwarded::DeleteTopics(names) => Ok(reply(delete_topics(shard, names).await)),
         Forwarded::ChangeTopic {
             name,

@@ -31,6 +31,7 @@ use crate::metadata::{shard_for, ClusterState, Controller, MetadataImage, Produc
 use crate::partition::Partition;
 use crate::quorum::Quorum;
 use crate::replication::Placement;
+use crate::txn::{self, TxnCoordinator, TRANSACTION_TOPIC};
 use crate::types::{now_ms, ShardId, TopicPartition};
 
 /// A closure sent to another shard.
@@ -90,6 +91,8 @@ pub struct Shard {
     pub fetch_sessions: RefCell<FetchSessions>,
     /// The groups of the `__consumer_offsets` partitions this shard owns.
     pub groups: RefCell<GroupCoordinator>,
+    /// The transactional ids of the `__transaction_state` partitions this shard owns.
+    pub txns: RefCell<TxnCoordinator>,
     /// Bounds the bytes of requests being read or served on this shard.
     pub request_memory: Rc<Semaphore>,
     ready: RefCell<Option<oneshot::Sender<()>>>,
@@ -381,6 +384,9 @@ impl Shard {
             if tp.topic == OFFSETS_TOPIC {
                 self.groups.borrow_mut().unload(tp.partition);
             }
+            if tp.topic == TRANSACTION_TOPIC {
+                self.txns.borrow_mut().unload(tp.partition);
+            }
             let _ = p.log.close().await;
             let dir = p.log.dir().to_path_buf();
             if let Err(e) = std::fs::remove_dir_all(&dir) {
@@ -417,6 +423,9 @@ impl Shard {
                         // Its groups are replayed in the background once this node leads it
                         // (at once with one replica); other partitions are served meanwhile.
                         group::follow_leadership(self);
+                    }
+                    if tp.topic == TRANSACTION_TOPIC {
+                        txn::follow_leadership(self);
                     }
                 }
                 Err(e) => {
@@ -728,6 +737,7 @@ async fn shard_main(
         image_lock: Semaphore::new(1),
         fetch_sessions: RefCell::new(FetchSessions::new(id)),
         groups: RefCell::new(GroupCoordinator::default()),
+        txns: RefCell::new(TxnCoordinator::default()),
         request_memory: Rc::new(Semaphore::new(REQUEST_MEMORY_BYTES)),
         ready: RefCell::new(Some(ready_tx)),
     });
@@ -760,6 +770,7 @@ async fn shard_main(
     }
     glommio::spawn_local(shard.clone().retention_loop()).detach();
     glommio::spawn_local(group::tick_loop(shard.clone())).detach();
+    glommio::spawn_local(txn::tick_loop(shard.clone())).detach();
     glommio::spawn_local(shutdown_watch(shard.clone())).detach();
     crate::kafka::server::serve(shard).await
 }

@@ -548,6 +548,7 @@ async fn produce(
         }
         SequenceCheck::OutOfOrder => Err(node.replica.clone().confirm_out_of_order().await),
         SequenceCheck::StaleEpoch => Err(BrokerError::InvalidProducerEpoch),
+        SequenceCheck::TxnOpen => Err(BrokerError::InvalidTxnState),
     }
 }
 

@@ -228,6 +228,100 @@ pub fn make_batch(base_offset: i64, count: i32, timestamp: i64, value_bytes: usi
     b
 }
 
+/// A v2 control batch holding one control record, whose key is `(version 0, control_type)`
+/// and whose value is `value`. Kafka's transaction markers name their producer
+/// (`producer`: id and epoch) and are transactional; ferrolog's own control batches name
+/// none. Offset and leader epoch are the log's to set.
+pub fn control_batch(
+    control_type: i16,
+    value: &[u8],
+    timestamp_ms: i64,
+    producer: Option<(i64, i16)>,
+) -> Vec<u8> {
+    let mut record = Vec::new();
+    record.push(0u8); // attributes
+    put_varint(&mut record, 0); // timestamp delta
+    put_varint(&mut record, 0); // offset delta
+    put_varint(&mut record, 4);
+    record.put_i16(0); // control key version
+    record.put_i16(control_type);
+    put_varint(&mut record, value.len() as i64);
+    record.extend_from_slice(value);
+    put_varint(&mut record, 0); // headers
+    let (producer_id, producer_epoch, attributes) = match producer {
+        Some((id, epoch)) => (id, epoch, ATTR_CONTROL | ATTR_TRANSACTIONAL),
+        None => (-1, -1, ATTR_CONTROL),
+    };
+    let mut b = Vec::with_capacity(HEADER_BYTES + record.len() + 5);
+    b.put_i64(0); // base offset
+    b.put_i32(0); // batch length, set below
+    b.put_i32(-1); // partition leader epoch
+    b.put_i8(2); // magic
+    b.put_u32(0); // crc, set below
+    b.put_i16(attributes);
+    b.put_i32(0); // last offset delta
+    b.put_i64(timestamp_ms);
+    b.put_i64(timestamp_ms);
+    b.put_i64(producer_id);
+    b.put_i16(producer_epoch);
+    b.put_i32(-1); // base sequence
+    b.put_i32(1); // record count
+    put_varint(&mut b, record.len() as i64);
+    b.extend_from_slice(&record);
+    let length = i32::try_from(b.len() - LOG_OVERHEAD).expect("small control batch");
+    b[8..12].copy_from_slice(&length.to_be_bytes());
+    let crc = compute_crc(&b);
+    b[CRC_OFFSET..CRC_OFFSET + 4].copy_from_slice(&crc.to_be_bytes());
+    b
+}
+
+/// The `(type, value)` of the one control record of an uncompressed control batch with one
+/// record (the form `control_batch` writes), `None` for any other batch, an error for one of
+/// that form whose record does not decode. Never trusts a length before checking it.
+pub fn control_record<'a>(
+    header: &BatchHeader,
+    bytes: &'a [u8],
+) -> Result<Option<(i16, &'a [u8])>, &'static str> {
+    if !header.is_control() || header.record_count != 1 || header.compression() != 0 {
+        return Ok(None);
+    }
+    let mut r = bytes
+        .get(HEADER_BYTES..header.total_bytes())
+        .ok_or("control batch cut short")?;
+    let _length = get_varint(&mut r)?;
+    let _attributes = take(&mut r, 1)?;
+    let _timestamp_delta = get_varint(&mut r)?;
+    let _offset_delta = get_varint(&mut r)?;
+    if get_varint(&mut r)? != 4 {
+        return Ok(None);
+    }
+    let key = take(&mut r, 4)?;
+    let control_type = i16::from_be_bytes([key[2], key[3]]);
+    let value_len = usize::try_from(get_varint(&mut r)?).map_err(|_| "negative value length")?;
+    Ok(Some((control_type, take(&mut r, value_len)?)))
+}
+
+fn take<'a>(r: &mut &'a [u8], n: usize) -> Result<&'a [u8], &'static str> {
+    if r.len() < n {
+        return Err("control record cut short");
+    }
+    let (head, rest) = r.split_at(n);
+    *r = rest;
+    Ok(head)
+}
+
+fn get_varint(r: &mut &[u8]) -> Result<i64, &'static str> {
+    let mut z = 0u64;
+    for shift in (0..70).step_by(7) {
+        let byte = take(r, 1)?[0];
+        z |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Ok(((z >> 1) as i64) ^ -((z & 1) as i64));
+        }
+    }
+    Err("varint longer than 10 bytes")
+}
+
 fn put_varint(out: &mut Vec<u8>, v: i64) {
     let mut z = ((v << 1) ^ (v >> 63)) as u64;
     loop {
@@ -279,10 +373,53 @@ pub(crate) mod tests {
         assert_eq!(h.last_sequence(), 0);
     }
 
+    #[test]
+    fn varints_round_trip() {
+        for v in [
+            0i64,
+            1,
+            -1,
+            63,
+            -64,
+            64,
+            300,
+            -300,
+            i64::from(i32::MAX),
+            i64::MIN,
+            i64::MAX,
+        ] {
+            let mut b = Vec::new();
+            put_varint(&mut b, v);
+            assert_eq!(get_varint(&mut &b[..]), Ok(v));
+        }
+    }
+
+    #[test]
+    fn control_batches_round_trip() {
+        let b = control_batch(1, &[0, 0, 0, 0, 0, 7], 99, Some((42, 3)));
+        let h = verify(&b).unwrap();
+        assert!(h.is_control() && h.is_transactional());
+        assert_eq!(
+            (h.producer_id, h.producer_epoch, h.base_sequence),
+            (42, 3, -1)
+        );
+        assert_eq!(
+            control_record(&h, &b),
+            Ok(Some((1, &[0u8, 0, 0, 0, 0, 7][..])))
+        );
+        let own = control_batch(100, b"x", 99, None);
+        let h = verify(&own).unwrap();
+        assert!(h.is_control() && !h.is_transactional() && !h.has_producer_id());
+        let data = make_batch(0, 1, 0, 4);
+        assert_eq!(control_record(&verify(&data).unwrap(), &data), Ok(None));
+    }
+
     proptest::proptest! {
         #[test]
         fn parse_never_panics(data in proptest::collection::vec(proptest::num::u8::ANY, 0..200)) {
-            let _ = verify(&data);
+            if let Ok(h) = verify(&data) {
+                let _ = control_record(&h, &data);
+            }
         }
     }
 }

@@ -2,7 +2,7 @@
 //! requests, no replication.
 //!
 //! A partition is a directory of segments in Apache Kafka's layout (`<20-digit base>.log`,
-//! `.index`, `.timeindex`); the `.log` files hold Kafka v2 record batches verbatim. Appends go
+//! `.index`, `.timeindex`, `.txnindex`); the `.log` files hold Kafka v2 record batches verbatim. Appends go
 //! through glommio's Direct I/O (`DmaFile`) in large aligned writes with group commit; reads
 //! come from a small per-log tail cache or from the files. Crash recovery verifies CRCs and cuts
 //! a torn tail.
@@ -17,11 +17,13 @@ pub mod log;
 pub mod pool;
 pub mod read_gate;
 mod segment;
+pub mod txn_index;
 pub mod uring;
 
 pub use fs::{Fs, GlommioFs};
 pub use log::{write_file, AppendInfo, Log};
 pub use segment::file_stem;
+pub use txn_index::AbortedTxn;
 
 /// Per-log settings, taken from the topic configs.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -22,6 +22,7 @@ use futures::channel::oneshot;
 use crate::batch::{self, BatchHeader, HEADER_BYTES};
 use crate::fs::{Fs, FsFile, FsReader, GlommioFs, WriteBuf};
 use crate::segment::Segment;
+use crate::txn_index::{self, AbortedTxn};
 use crate::{LogConfig, LogError};
 
 /// Direct I/O alignment used for every write position and size.
@@ -113,6 +114,9 @@ struct State<F: Fs> {
     change_waiters: Vec<oneshot::Sender<()>>,
     failed: Option<LogError>,
     config: LogConfig,
+    /// The base of the first segment whose `.txnindex` did not decode at open: its aborted
+    /// transactions, and those of every later segment, are the partition's to rebuild.
+    txn_index_lost_from: Option<i64>,
 }
 
 /// One partition's log. Shard-local: wrap it in `Rc`, never share it across threads.
@@ -176,6 +180,7 @@ impl<F: Fs> Log<F> {
         }
         remove_temp_files(&fs, dir, &names)?;
         let mut segments = Vec::with_capacity(bases.len().max(1));
+        let mut txn_index_lost_from = None;
         for (i, &base) in bases.iter().enumerate() {
             let last = i + 1 == bases.len();
             let mut segment = Segment::new(dir, base, now_ms);
@@ -190,6 +195,9 @@ impl<F: Fs> Log<F> {
                 }
             }
             let indexes_loaded = recover_segment(&fs, &mut segment, last, &config).await?;
+            if !load_txn_index(&fs, &mut segment, last) && txn_index_lost_from.is_none() {
+                txn_index_lost_from = Some(base);
+            }
             segment.closed = !last;
             // A closed segment whose index files fit needs nothing more; one whose indexes
             // were rebuilt gets them written by `finish_closed_segments`.
@@ -212,10 +220,7 @@ impl<F: Fs> Log<F> {
                 tracing::warn!(dir = %dir.display(), start, end,
                     "the log ends below its start: removing the segments below it");
                 for seg in segments.drain(..) {
-                    remove_files(
-                        &fs,
-                        &[seg.log_path(), seg.index_path(), seg.time_index_path()],
-                    )?;
+                    remove_files(&fs, &seg.paths())?;
                 }
             }
         }
@@ -251,6 +256,7 @@ impl<F: Fs> Log<F> {
                 change_waiters: Vec::new(),
                 failed: None,
                 config,
+                txn_index_lost_from,
             }),
             flushing: Cell::new(false),
             closing: Cell::new(false),
@@ -441,11 +447,26 @@ impl<F: Fs> Log<F> {
 
     async fn flush_loop(self: Rc<Self>) {
         loop {
+            // Aborted-transaction indexes first: a marker is durable only after its entry.
+            if let Err(e) = self.sync_txn_indexes().await {
+                tracing::error!(dir = %self.dir.display(), error = %e,
+                    "storage error: partition refuses writes from now on, reads go on");
+                self.fail(e);
+                self.flushing.set(false);
+                return;
+            }
             let taken: Vec<Pending> = {
                 let mut st = self.state.borrow_mut();
-                if st.pending.is_empty() || st.failed.is_some() {
+                if st.failed.is_some() {
                     self.flushing.set(false);
                     return;
+                }
+                if st.pending.is_empty() {
+                    if st.segments.iter().all(|s| s.aborted_synced) {
+                        self.flushing.set(false);
+                        return;
+                    }
+                    continue;
                 }
                 st.pending_bytes = 0;
                 st.pending.drain(..).collect()
@@ -462,6 +483,104 @@ impl<F: Fs> Log<F> {
                 }
             }
         }
+    }
+
+    /// Writes each segment's `.txnindex` that differs from its aborted transactions (removes
+    /// it when there are none), under the segment-file lock.
+    async fn sync_txn_indexes(&self) -> Result<(), LogError> {
+        loop {
+            if !self
+                .state
+                .borrow()
+                .segments
+                .iter()
+                .any(|s| !s.aborted_synced)
+            {
+                return Ok(());
+            }
+            let _files = self.files.lock().await;
+            let next = {
+                let st = self.state.borrow();
+                st.segments
+                    .iter()
+                    .find(|s| !s.aborted_synced)
+                    .map(|s| (s.base_offset, s.txn_index_path(), s.aborted.clone()))
+            };
+            let Some((base, path, entries)) = next else {
+                return Ok(());
+            };
+            if entries.is_empty() {
+                remove_files(&self.fs, &[path])?;
+                sync_dir(&self.fs, &self.dir).await?;
+            } else {
+                write_file_on(&self.fs, &path, txn_index::encode(&entries)).await?;
+            }
+            let mut st = self.state.borrow_mut();
+            if let Some(seg) = find_segment_mut(&mut st.segments, base) {
+                // Entries added meanwhile make another round.
+                seg.aborted_synced = seg.aborted == entries;
+            }
+        }
+    }
+
+    /// Records a transaction aborted by the marker at `txn.last_offset`, which this log holds,
+    /// in its segment's index; one already recorded is left alone. The index is on disk
+    /// before anything appended after this call is durable.
+    pub fn add_aborted(self: &Rc<Self>, txn: AbortedTxn) {
+        {
+            let mut st = self.state.borrow_mut();
+            assert!(
+                txn.first_offset <= txn.last_offset && txn.last_offset < st.end,
+                "aborted transaction {txn:?} outside the log (end {})",
+                st.end
+            );
+            let Some(seg) = st
+                .segments
+                .iter_mut()
+                .rev()
+                .find(|s| s.base_offset <= txn.last_offset)
+            else {
+                return; // below the log: deleted already
+            };
+            if !seg.add_aborted(txn) {
+                return;
+            }
+        }
+        if !self.flushing.replace(true) {
+            self.fs.spawn(self.clone().flush_loop());
+        }
+    }
+
+    /// The aborted transactions a read_committed fetch of `[from, upper)` returns: those
+    /// whose marker is at or after `from` and which began below `upper`.
+    pub fn aborted_txns(&self, from: i64, upper: i64) -> Vec<AbortedTxn> {
+        let st = self.state.borrow();
+        st.segments
+            .iter()
+            .filter(|s| s.next_offset > from)
+            .flat_map(|s| &s.aborted)
+            .filter(|e| e.last_offset >= from && e.first_offset < upper)
+            .copied()
+            .collect()
+    }
+
+    /// Aborted transactions below `below` that are not on disk yet: what a Raft snapshot
+    /// ending there carries, as the entries it covers are not applied again.
+    pub fn aborted_unsynced(&self, below: i64) -> Vec<AbortedTxn> {
+        let st = self.state.borrow();
+        st.segments
+            .iter()
+            .filter(|s| !s.aborted_synced && s.base_offset < below)
+            .flat_map(|s| &s.aborted)
+            .filter(|e| e.last_offset < below)
+            .copied()
+            .collect()
+    }
+
+    /// Where the aborted transactions stopped being known at open (a `.txnindex` that did not
+    /// decode): the partition rebuilds them from there, or from below.
+    pub fn txn_index_lost_from(&self) -> Option<i64> {
+        self.state.borrow().txn_index_lost_from
     }
 
     fn advance_durable(&self, new_durable: i64) {
@@ -1010,10 +1129,7 @@ impl<F: Fs> Log<F> {
             return Ok(0);
         }
         for seg in &doomed {
-            remove_files(
-                &self.fs,
-                &[seg.log_path(), seg.index_path(), seg.time_index_path()],
-            )?;
+            remove_files(&self.fs, &seg.paths())?;
             tracing::info!(dir = %self.dir.display(), base = seg.base_offset, "deleted segment");
         }
         // The new log start is already durable, so any subset of these deletions may come
@@ -1143,9 +1259,15 @@ impl<F: Fs> Log<F> {
             let config = st.config.clone();
             let seg = &mut st.segments[keep];
             seg.renew_generation();
+            let aborted: Vec<AbortedTxn> = seg
+                .aborted
+                .iter()
+                .filter(|e| e.last_offset < offset)
+                .copied()
+                .collect();
             (
                 doomed,
-                (seg.base_offset, seg.position_for(offset)),
+                (seg.base_offset, seg.position_for(offset), aborted),
                 config,
                 seg.closed,
             )
@@ -1155,8 +1277,12 @@ impl<F: Fs> Log<F> {
         // entries back behind a hole. (A file system may keep any subset of the unsynced
         // deletions of a directory, so one sync after all of them is not enough.)
         self.delete_newest_first(&doomed).await?;
-        let (base, scan_from) = keep;
+        let (base, scan_from, aborted) = keep;
         let mut seg = Segment::new(&self.dir, base, now_ms);
+        // Those below the cut; the flusher writes the file again before anything appended
+        // from here on is durable.
+        seg.aborted = aborted;
+        seg.aborted_synced = false;
         if was_closed && !unfix::undone(unfix::STALE_INDEXES) {
             // A closed segment's index files describe batches about to go: they go first,
             // durably, or a power loss could bring them back beside the cut log file.
@@ -1211,10 +1337,7 @@ impl<F: Fs> Log<F> {
     /// directory after each, so that a power loss at any moment leaves a prefix of them.
     async fn delete_newest_first(&self, doomed: &[Segment<F>]) -> Result<(), LogError> {
         for seg in doomed.iter().rev() {
-            remove_files(
-                &self.fs,
-                &[seg.log_path(), seg.index_path(), seg.time_index_path()],
-            )?;
+            remove_files(&self.fs, &seg.paths())?;
             if !unfix::undone(unfix::TRUNCATE_DIR_SYNC) {
                 sync_dir(&self.fs, &self.dir).await?;
             }
@@ -1572,7 +1695,8 @@ fn remove_orphan_indexes<F: Fs>(
         .filter(|name| {
             let stem = name
                 .strip_suffix(".index")
-                .or_else(|| name.strip_suffix(".timeindex"));
+                .or_else(|| name.strip_suffix(".timeindex"))
+                .or_else(|| name.strip_suffix(".txnindex"));
             stem.and_then(segment_base)
                 .is_some_and(|base| bases.binary_search(&base).is_err())
         })
@@ -1644,6 +1768,40 @@ async fn write_file_on<F: Fs>(fs: &F, path: &Path, contents: Vec<u8>) -> Result<
     fs.write_file(path, contents)
         .await
         .map_err(|e| LogError::Io(format!("writing small file: {e}")))
+}
+
+/// Loads a segment's aborted transactions (none without a `.txnindex`); false when the file
+/// does not decode, which leaves the segment without them. The active segment's file is
+/// written before the markers it lists are durable (`Log::sync_txn_indexes`), so entries
+/// past its recovered end are dropped.
+fn load_txn_index<F: Fs>(fs: &F, seg: &mut Segment<F>, last: bool) -> bool {
+    let path = seg.txn_index_path();
+    let bytes = match fs.read(&path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return true,
+        Err(e) => {
+            tracing::error!(path = %path.display(), error = %e,
+                "cannot read a transaction index: its aborted transactions are lost");
+            seg.aborted_synced = false;
+            return false;
+        }
+    };
+    let upper = if last { i64::MAX } else { seg.next_offset };
+    match txn_index::decode(&bytes, seg.base_offset, upper) {
+        Ok(mut entries) => {
+            let all = entries.len();
+            entries.retain(|e| e.last_offset < seg.next_offset);
+            seg.aborted_synced = entries.len() == all;
+            seg.aborted = entries;
+            true
+        }
+        Err(e) => {
+            tracing::error!(path = %path.display(), error = %e,
+                "damaged transaction index: its aborted transactions are lost");
+            seg.aborted_synced = false;
+            false
+        }
+    }
 }
 
 /// Opens a segment's log file and restores its in-memory state. The last segment is scanned
@@ -1907,6 +2065,71 @@ mod tests {
             assert_eq!(BatchHeader::parse(&ts).unwrap().base_offset, 80);
             append_n(&log, 1, 5000).await;
             assert_eq!(read_all(&log, 190).await.len(), 6);
+        });
+    }
+
+    /// Aborted transactions are on disk before the markers after them are durable, come
+    /// back at open, go with a truncation below their marker and with their segment.
+    #[test]
+    fn aborted_transactions_survive_reopen_and_follow_cuts() {
+        let dir = tmpdir("txnindex");
+        run(move || async move {
+            let txn = |pid, first, last| AbortedTxn {
+                producer_id: pid,
+                first_offset: first,
+                last_offset: last,
+                last_stable_offset: first,
+            };
+            let log = Log::open(&dir, small(), 0).await.unwrap();
+            append_n(&log, 100, 1000).await; // offsets 0..200, several segments
+            log.add_aborted(txn(1, 10, 21));
+            log.add_aborted(txn(1, 10, 21)); // again: one entry
+            log.add_aborted(txn(2, 150, 181));
+            log.add_aborted(txn(3, 182, 191));
+            assert_eq!(log.aborted_unsynced(200).len(), 3);
+            append_n(&log, 1, 5000).await; // durable after the index
+            assert!(
+                log.aborted_unsynced(300).is_empty(),
+                "synced by the flusher"
+            );
+            assert_eq!(log.aborted_txns(0, 300).len(), 3);
+            assert_eq!(
+                log.aborted_txns(22, 300),
+                vec![txn(2, 150, 181), txn(3, 182, 191)]
+            );
+            assert_eq!(
+                log.aborted_txns(22, 160),
+                vec![txn(2, 150, 181)],
+                "began below"
+            );
+            assert_eq!(log.aborted_txns(192, 300), vec![]);
+            log.close().await.unwrap();
+            drop(log);
+            let log = Log::open(&dir, small(), 0).await.unwrap();
+            assert_eq!(log.txn_index_lost_from(), None);
+            assert_eq!(log.aborted_txns(0, 300).len(), 3, "back after a reopen");
+            // A cut below a marker drops its entry, on disk too.
+            log.truncate(186, 0).await.unwrap();
+            assert_eq!(log.aborted_txns(0, 300).len(), 2);
+            append_n(&log, 1, 6000).await;
+            log.close().await.unwrap();
+            drop(log);
+            let log = Log::open(&dir, small(), 0).await.unwrap();
+            assert_eq!(
+                log.aborted_txns(0, 300),
+                vec![txn(1, 10, 21), txn(2, 150, 181)]
+            );
+            // A damaged index is reported, and its entries are gone.
+            let first = log.state.borrow().segments[0].txn_index_path();
+            log.close().await.unwrap();
+            drop(log);
+            std::fs::write(&first, b"damaged").unwrap();
+            let log = Log::open(&dir, small(), 0).await.unwrap();
+            assert_eq!(log.txn_index_lost_from(), Some(0));
+            assert_eq!(log.aborted_txns(0, 300), vec![txn(2, 150, 181)]);
+            // Deleting the segment takes its entries and file with it.
+            assert!(log.apply_retention(0, -1, 0).await.unwrap() > 0);
+            assert!(!first.exists());
         });
     }
 

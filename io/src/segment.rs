@@ -1,4 +1,5 @@
-//! One segment of a partition log: `<base>.log`, `<base>.index`, `<base>.timeindex`.
+//! One segment of a partition log: `<base>.log`, `<base>.index`, `<base>.timeindex`, and
+//! `<base>.txnindex` when a transaction was aborted in it (`txn_index`).
 //!
 //! The `.log` file holds whole record batches back to back. The offset index maps a relative
 //! offset to a byte position, one entry per `index.interval.bytes` of log; the time index maps
@@ -13,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::batch::BatchHeader;
 use crate::fs::Fs;
+use crate::txn_index::AbortedTxn;
 
 /// File name stem of a segment: its base offset in 20 digits, as Kafka names them.
 pub fn file_stem(base_offset: i64) -> String {
@@ -59,6 +61,10 @@ pub(crate) struct Segment<F: Fs> {
     /// Copy of the partial last page on disk, `[synced rounded down to 4096, synced)`, which
     /// the next Direct I/O write rewrites whole.
     pub tail: Vec<u8>,
+    /// Transactions aborted by a marker in this segment, in marker order.
+    pub aborted: Vec<AbortedTxn>,
+    /// Whether `<base>.txnindex` holds `aborted` as it is (the flusher writes it otherwise).
+    pub aborted_synced: bool,
 }
 
 impl<F: Fs> Segment<F> {
@@ -82,6 +88,8 @@ impl<F: Fs> Segment<F> {
             closed: false,
             finalized: false,
             tail: Vec::new(),
+            aborted: Vec::new(),
+            aborted_synced: true,
         }
     }
 
@@ -101,6 +109,38 @@ impl<F: Fs> Segment<F> {
 
     pub fn time_index_path(&self) -> PathBuf {
         self.path_stem.with_extension("timeindex")
+    }
+
+    pub fn txn_index_path(&self) -> PathBuf {
+        self.path_stem.with_extension("txnindex")
+    }
+
+    /// Every file of this segment.
+    pub fn paths(&self) -> [PathBuf; 4] {
+        [
+            self.log_path(),
+            self.index_path(),
+            self.time_index_path(),
+            self.txn_index_path(),
+        ]
+    }
+
+    /// Adds an aborted transaction whose marker is in this segment, in marker order; one
+    /// already known (the same marker) is left as it is. Returns whether it was new.
+    pub fn add_aborted(&mut self, txn: AbortedTxn) -> bool {
+        let at = self
+            .aborted
+            .partition_point(|e| e.last_offset < txn.last_offset);
+        if self
+            .aborted
+            .get(at)
+            .is_some_and(|e| e.last_offset == txn.last_offset)
+        {
+            return false;
+        }
+        self.aborted.insert(at, txn);
+        self.aborted_synced = false;
+        true
     }
 
     /// Whether a batch at `position` with this header can be tracked (offsets in order,

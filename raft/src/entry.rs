@@ -18,7 +18,7 @@ use std::fmt;
 
 use crate::CommittedLeaderId;
 use bytes::{BufMut, Bytes, BytesMut};
-use ferrolog_io::batch::{self, BatchHeader, ATTR_CONTROL, HEADER_BYTES};
+use ferrolog_io::batch::{self, BatchHeader};
 use openraft::{BasicNode, EntryPayload, LogId, Membership, RaftTypeConfig};
 
 use crate::PartitionRaft;
@@ -121,39 +121,9 @@ pub fn log_start_of(bytes: &[u8]) -> Option<i64> {
     }
 }
 
-/// A v2 control batch with one control record; offset and epoch are set by the log on append.
+/// A ferrolog control batch (no producer); offset and epoch are set by the log on append.
 fn control_batch(control_type: i16, value: &[u8], timestamp_ms: i64) -> BytesMut {
-    let mut record = BytesMut::new();
-    record.put_i8(0); // attributes
-    put_varint(&mut record, 0); // timestamp delta
-    put_varint(&mut record, 0); // offset delta
-    put_varint(&mut record, 4);
-    record.put_i16(0); // control key version
-    record.put_i16(control_type);
-    put_varint(&mut record, value.len() as i64);
-    record.put_slice(value);
-    put_varint(&mut record, 0); // headers
-    let mut b = BytesMut::with_capacity(HEADER_BYTES + record.len() + 5);
-    b.put_i64(0); // base offset
-    b.put_i32(0); // batch length, set below
-    b.put_i32(-1); // partition leader epoch
-    b.put_i8(2); // magic
-    b.put_u32(0); // crc, set below
-    b.put_i16(ATTR_CONTROL);
-    b.put_i32(0); // last offset delta
-    b.put_i64(timestamp_ms);
-    b.put_i64(timestamp_ms);
-    b.put_i64(-1); // producer id
-    b.put_i16(-1); // producer epoch
-    b.put_i32(-1); // base sequence
-    b.put_i32(1); // record count
-    put_varint(&mut b, record.len() as i64);
-    b.put_slice(&record);
-    let length = i32::try_from(b.len() - batch::LOG_OVERHEAD).expect("small control batch");
-    b[8..12].copy_from_slice(&length.to_be_bytes());
-    let crc = batch::compute_crc(&b);
-    b[17..21].copy_from_slice(&crc.to_be_bytes());
-    b
+    BytesMut::from(&batch::control_batch(control_type, value, timestamp_ms, None)[..])
 }
 
 /// `(type, value)` of a ferrolog Raft control record, or `None` for any other batch.
@@ -161,32 +131,17 @@ fn control_record<'a>(
     header: &BatchHeader,
     bytes: &'a [u8],
 ) -> Result<Option<(i16, &'a [u8])>, DecodeError> {
-    if !header.is_control() || header.record_count != 1 || header.compression() != 0 {
-        return Ok(None);
+    match batch::control_record(header, bytes).map_err(DecodeError::Control)? {
+        Some((t, value))
+            if matches!(
+                t,
+                CONTROL_TYPE_BLANK | CONTROL_TYPE_MEMBERSHIP | CONTROL_TYPE_LOG_START
+            ) =>
+        {
+            Ok(Some((t, value)))
+        }
+        _ => Ok(None),
     }
-    let mut r = Reader(
-        bytes
-            .get(HEADER_BYTES..header.total_bytes())
-            .ok_or(DecodeError::Control("short batch"))?,
-    );
-    let _length = r.varint()?;
-    let _attributes = r.take(1)?;
-    let _timestamp_delta = r.varint()?;
-    let _offset_delta = r.varint()?;
-    if r.varint()? != 4 {
-        return Ok(None);
-    }
-    let key = r.take(4)?;
-    let control_type = i16::from_be_bytes([key[2], key[3]]);
-    if !matches!(
-        control_type,
-        CONTROL_TYPE_BLANK | CONTROL_TYPE_MEMBERSHIP | CONTROL_TYPE_LOG_START
-    ) {
-        return Ok(None);
-    }
-    let value_len =
-        usize::try_from(r.varint()?).map_err(|_| DecodeError::Control("negative value length"))?;
-    Ok(Some((control_type, r.take(value_len)?)))
 }
 
 pub(crate) fn encode_membership(m: &Membership<u64, BasicNode>) -> Vec<u8> {
@@ -242,6 +197,7 @@ pub(crate) fn decode_membership(value: &[u8]) -> Result<Membership<u64, BasicNod
 }
 
 /// Zig-zag varint, as Kafka's record fields use.
+#[cfg(test)]
 pub(crate) fn put_varint(out: &mut BytesMut, v: i64) {
     let mut z = ((v << 1) ^ (v >> 63)) as u64;
     while z >= 0x80 {
@@ -272,18 +228,6 @@ impl<'a> Reader<'a> {
     fn u64(&mut self) -> Result<u64, DecodeError> {
         let b = self.take(8)?;
         Ok(u64::from_be_bytes(b.try_into().expect("8 bytes")))
-    }
-
-    fn varint(&mut self) -> Result<i64, DecodeError> {
-        let mut z: u64 = 0;
-        for shift in (0..70).step_by(7) {
-            let byte = self.take(1)?[0];
-            z |= u64::from(byte & 0x7f) << shift;
-            if byte & 0x80 == 0 {
-                return Ok(((z >> 1) as i64) ^ -((z & 1) as i64));
-            }
-        }
-        Err(DecodeError::Control("varint longer than 10 bytes"))
     }
 }
 
@@ -396,7 +340,7 @@ mod tests {
             )),
         };
         let bytes = stored(&entry, 0);
-        for cut in HEADER_BYTES..bytes.len() {
+        for cut in batch::HEADER_BYTES..bytes.len() {
             let mut b = BytesMut::from(&bytes[..]);
             b.truncate(cut);
             let len = i32::try_from(cut - batch::LOG_OVERHEAD).unwrap();
@@ -414,26 +358,5 @@ mod tests {
         let mut long = value.clone();
         long.push(0);
         assert!(decode_membership(&long).is_err());
-    }
-
-    #[test]
-    fn varints_round_trip() {
-        for v in [
-            0i64,
-            1,
-            -1,
-            63,
-            -64,
-            64,
-            300,
-            -300,
-            i64::from(i32::MAX),
-            i64::MIN,
-            i64::MAX,
-        ] {
-            let mut b = BytesMut::new();
-            put_varint(&mut b, v);
-            assert_eq!(Reader(&b).varint().unwrap(), v);
-        }
     }
 }

@@ -65,7 +65,7 @@ pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
 /// Whether a topic is internal: flagged in Metadata, written only by the broker, its records
 /// never deleted by clients, never matched by a subscription's regular expression.
 pub fn is_internal_topic(name: &str) -> bool {
-    name == OFFSETS_TOPIC
+    name == OFFSETS_TOPIC || name == crate::txn::TRANSACTION_TOPIC
 }
 /// What the coordinator needs of an offsets partition. `Partition` serves it on a shard, and
 /// the simulator's replica serves it in the simulated world (`crate::sim`), so that loads,

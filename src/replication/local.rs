@@ -2,7 +2,8 @@
 //! (the HW is the durable log end), which is what Raft's commit index is with one member.
 //!
 //! Its producer state survives a restart through snapshots written at each segment roll
-//! (as Kafka's `.snapshot` files) and the batch headers after the newest one.
+//! (as Kafka's `.snapshot` files) and the batches after the newest one. A marker that
+//! aborts a transaction goes into the log's aborted-transaction index as it is appended.
 
 use std::cell::RefCell;
 use std::path::Path;
@@ -15,7 +16,7 @@ use ferrolog_io::{Log, LogConfig, LogError};
 use super::{Opened, Replication};
 use crate::errors::BrokerError;
 use crate::partition::Appended;
-use crate::producer_state::ProducerStates;
+use crate::producer_state::{marker_of, ProducerStates};
 
 /// The leader epoch of an unreplicated partition.
 pub const LEADER_EPOCH: i32 = 0;
@@ -61,6 +62,7 @@ impl Local {
         log_append_time_ms: i64,
         now_ms: i64,
     ) -> Result<Appended, BrokerError> {
+        let marker = marker_of(header, &bytes);
         let active_before = self.log.active_base_offset();
         let info = self
             .log
@@ -71,10 +73,14 @@ impl Local {
             // the same), so a restart need not replay the whole log.
             write_snapshot(&self.log, &producers.borrow(), info.base_offset);
         }
-        producers.borrow_mut().record(&BatchHeader {
+        let header = BatchHeader {
             base_offset: info.base_offset,
             ..*header
-        });
+        };
+        let mut producers = producers.borrow_mut();
+        if let Some(closed) = producers.apply(&header, marker).filter(|c| c.aborted) {
+            self.log.add_aborted(producers.aborted_entry(&closed));
+        }
         Ok(Appended {
             base_offset: info.base_offset,
             end_offset: info.last_offset + 1,
@@ -85,18 +91,22 @@ impl Local {
 }
 
 /// Restores the producer state, so a producer that retries across a broker restart is still
-/// recognised: the newest snapshot at or below the log end, then the batch headers after it.
-/// Without a snapshot, the active segment.
-async fn rebuild_producer_state(log: &Log) -> Result<ProducerStates, LogError> {
+/// recognised and open transactions still hold the LSO: the newest snapshot at or below the
+/// active segment's base, then the batches after it. Aborted transactions are in the segments'
+/// indexes up to there, and are recorded again after it (an index that did not decode at open
+/// moves the start down to its segment). Without a snapshot, the whole log.
+async fn rebuild_producer_state(log: &Rc<Log>) -> Result<ProducerStates, LogError> {
     let end = log.durable_offset();
-    let mut offset = log.active_base_offset().max(log.start_offset());
-    let mut producers = ProducerStates::default();
-    if let Some((at, states)) = load_snapshot(log.dir(), end) {
-        if at <= offset {
-            producers = states;
-            offset = at.max(log.start_offset());
-        }
-    }
+    let start = log.start_offset();
+    let needed = log
+        .txn_index_lost_from()
+        .map_or(log.active_base_offset(), |lost| {
+            lost.min(log.active_base_offset())
+        });
+    let (mut offset, mut producers) = match load_snapshot(log.dir(), needed) {
+        Some((at, states)) => (at.max(start), states),
+        None => (start, ProducerStates::default()),
+    };
     while offset < end {
         let bytes = log.read(offset, RECOVERY_READ_BYTES, end, true).await?;
         if bytes.is_empty() {
@@ -105,7 +115,10 @@ async fn rebuild_producer_state(log: &Log) -> Result<ProducerStates, LogError> {
         let mut rest = &bytes[..];
         while !rest.is_empty() {
             let h = BatchHeader::parse(rest).map_err(LogError::InvalidBatch)?;
-            producers.record(&h);
+            let marker = marker_of(&h, rest);
+            if let Some(closed) = producers.apply(&h, marker).filter(|c| c.aborted) {
+                log.add_aborted(producers.aborted_entry(&closed));
+            }
             offset = h.next_offset();
             rest = &rest[h.total_bytes()..];
         }
@@ -150,8 +163,8 @@ fn load_snapshot(dir: &Path, end: i64) -> Option<(i64, ProducerStates)> {
     snapshot_offsets(dir).into_iter().rev().filter(|&at| at <= end).find_map(|at| {
         let path = snapshot_path(dir, at);
         let bytes = std::fs::read(&path).ok()?;
-        match serde_json::from_slice(&bytes) {
-            Ok(states) => Some((at, states)),
+        match serde_json::from_slice::<ProducerStates>(&bytes) {
+            Ok(states) => Some((at, states.reindex())),
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "ignoring a damaged producer snapshot");
                 None

@@ -66,7 +66,7 @@ use uuid::Uuid;
 
 use crate::errors::BrokerError;
 use crate::partition::Appended;
-use crate::producer_state::{ProducerStates, SequenceCheck, StateError};
+use crate::producer_state::{marker_of, ProducerStates, SequenceCheck, StateError};
 
 use super::host::{At, Host, HostRaft, Runtime};
 
@@ -198,26 +198,38 @@ pub struct QuietLead {
 }
 
 /// What a partition's Raft snapshot carries of the entries it covers (`StateAt`): the log
-/// start that log-start entries asked for and the producer state. Encoded as version 2, the
-/// log start, then `ProducerStates::encode`; a snapshot written before version 2 holds the
-/// producer state alone (its own version byte is 1), or nothing.
+/// start that log-start entries asked for, the aborted transactions its node had not written
+/// to its index yet (`Log::aborted_unsynced`), and the producer state. Encoded as version 3,
+/// the log start, the aborted transactions (a count, then each in the index's layout), then
+/// `ProducerStates::encode`. Version 2 had no aborted transactions; a snapshot written before
+/// version 2 holds the producer state alone (its own version byte is 1), or nothing.
 #[derive(Debug, Default)]
 pub struct SnapshotState {
     log_start_wanted: i64,
     producers: ProducerStates,
+    aborted: Vec<ferrolog_io::AbortedTxn>,
 }
 
-// The version byte tells the two layouts apart.
-const _: () = assert!(SnapshotState::VERSION != crate::producer_state::STATE_VERSION);
+// The version byte tells the layouts apart.
+const _: () = assert!(
+    SnapshotState::VERSION != crate::producer_state::STATE_VERSION
+        && SnapshotState::VERSION_2 != crate::producer_state::STATE_VERSION
+        && SnapshotState::VERSION_2 != 1
+        && SnapshotState::VERSION != 1
+);
 
 impl SnapshotState {
-    const VERSION: u8 = 2;
+    const VERSION: u8 = 3;
+    const VERSION_2: u8 = 2;
 
     fn encode(&self) -> bytes::Bytes {
         let producers = self.producers.encode();
-        let mut out = bytes::BytesMut::with_capacity(9 + producers.len());
+        let aborted = ferrolog_io::txn_index::encode(&self.aborted);
+        let mut out = bytes::BytesMut::with_capacity(13 + aborted.len() + producers.len());
         out.put_u8(Self::VERSION);
         out.put_i64(self.log_start_wanted);
+        out.put_u32(u32::try_from(self.aborted.len()).expect("aborts fit u32"));
+        out.put_slice(&aborted);
         out.put_slice(&producers);
         out.freeze()
     }
@@ -225,27 +237,45 @@ impl SnapshotState {
     /// Reads what `encode` wrote, or an older snapshot's state; anything else is an error,
     /// never a panic.
     pub fn decode(bytes: &[u8]) -> Result<SnapshotState, StateError> {
-        match bytes {
-            [Self::VERSION, rest @ ..] => {
-                // `ProducerStates::encode` writes at least its header, never nothing.
-                let (start, producers) = rest
-                    .split_first_chunk::<8>()
-                    .filter(|(_, producers)| !producers.is_empty())
-                    .ok_or_else(|| StateError::new("truncated"))?;
-                let log_start_wanted = i64::from_be_bytes(*start);
-                if log_start_wanted < 0 {
-                    return Err(StateError::new("negative log start"));
-                }
-                Ok(SnapshotState {
-                    log_start_wanted,
-                    producers: ProducerStates::decode(producers)?,
+        let (version, rest) = match bytes {
+            [v @ (Self::VERSION | Self::VERSION_2), rest @ ..] => (*v, rest),
+            older => {
+                return Ok(SnapshotState {
+                    log_start_wanted: 0,
+                    producers: ProducerStates::decode(older)?,
+                    aborted: Vec::new(),
                 })
             }
-            older => Ok(SnapshotState {
-                log_start_wanted: 0,
-                producers: ProducerStates::decode(older)?,
-            }),
+        };
+        let (start, mut rest) = rest
+            .split_first_chunk::<8>()
+            .ok_or_else(|| StateError::new("truncated"))?;
+        let log_start_wanted = i64::from_be_bytes(*start);
+        if log_start_wanted < 0 {
+            return Err(StateError::new("negative log start"));
         }
+        let mut aborted = Vec::new();
+        if version == Self::VERSION {
+            let (count, after) = rest
+                .split_first_chunk::<4>()
+                .ok_or_else(|| StateError::new("truncated"))?;
+            let len = (u32::from_be_bytes(*count) as usize)
+                .checked_mul(ferrolog_io::txn_index::ENTRY_BYTES)
+                .filter(|&len| len <= after.len())
+                .ok_or_else(|| StateError::new("truncated aborted transactions"))?;
+            aborted = ferrolog_io::txn_index::decode(&after[..len], 0, i64::MAX)
+                .map_err(|e| StateError::new(&e.to_string()))?;
+            rest = &after[len..];
+        }
+        // `ProducerStates::encode` writes at least its header, never nothing.
+        if rest.is_empty() {
+            return Err(StateError::new("truncated"));
+        }
+        Ok(SnapshotState {
+            log_start_wanted,
+            producers: ProducerStates::decode(rest)?,
+            aborted,
+        })
     }
 }
 
@@ -371,6 +401,7 @@ impl<H: Host> Replica<H> {
         let log_start_wanted: Rc<RefCell<AskedStarts>> = Rc::default();
         let hook = {
             let (view, hw, producers) = (view.clone(), hw.clone(), applied_producers.clone());
+            let log = log.clone();
             let wanted = log_start_wanted.clone();
             let waiters = hw_waiters.clone();
             let host = transport.clone();
@@ -389,6 +420,13 @@ impl<H: Host> Replica<H> {
                         match SnapshotState::decode(&data.partition_state) {
                             Ok(state) => {
                                 *producers.borrow_mut() = state.producers;
+                                // The aborts it covers that its node had not written to its
+                                // index yet: those this log holds.
+                                for txn in state.aborted {
+                                    if txn.last_offset < log.end_offset() {
+                                        log.add_aborted(txn);
+                                    }
+                                }
                                 let start = state.log_start_wanted;
                                 if wanted.borrow_mut().raise(Some(data.next_offset), start) {
                                     log_start_asked.notify_one();
@@ -421,23 +459,31 @@ impl<H: Host> Replica<H> {
                 let Ok(header) = BatchHeader::parse(bytes) else {
                     return;
                 };
-                if header.is_control() {
+                let marker = marker_of(&header, bytes);
+                if header.is_control() && marker.is_none() {
                     if let Some(start) = entry::log_start_of(bytes) {
                         if wanted.borrow_mut().raise(base.map(|b| b + 1), start) {
                             log_start_asked.notify_one();
                         }
                     }
                 } else if let Some(base) = base {
-                    producers.borrow_mut().record(&BatchHeader {
+                    let header = BatchHeader {
                         base_offset: base,
                         ..header
-                    });
+                    };
+                    let mut producers = producers.borrow_mut();
+                    // An abort goes into the index once committed (this hook runs on every
+                    // replica, the leader included).
+                    if let Some(closed) = producers.apply(&header, marker).filter(|c| c.aborted) {
+                        log.add_aborted(producers.aborted_entry(&closed));
+                    }
                 }
             })
         };
         let state_at: StateAt = {
             let producers = applied_producers.clone();
             let asked = log_start_wanted.clone();
+            let log = log.clone();
             Box::new(move |next| {
                 let producers = match unfix::snapshots_without_producers() {
                     true => ProducerStates::default(),
@@ -450,6 +496,7 @@ impl<H: Host> Replica<H> {
                 SnapshotState {
                     log_start_wanted,
                     producers,
+                    aborted: log.aborted_unsynced(next),
                 }
                 .encode()
             })
@@ -869,10 +916,13 @@ impl<H: Host> Replica<H> {
             log_append_time_ms,
             duplicate: false,
         };
-        producers.borrow_mut().record(&BatchHeader {
-            base_offset,
-            ..*header
-        });
+        producers.borrow_mut().apply(
+            &BatchHeader {
+                base_offset,
+                ..*header
+            },
+            marker_of(header, &bytes),
+        );
         let (tx, rx) = futures::channel::oneshot::channel();
         let me = self.clone();
         drop(Runtime::<H>::spawn(async move {
@@ -1442,13 +1492,28 @@ mod tests {
             base_sequence: 0,
             record_count: 3,
         });
+        let aborted = vec![ferrolog_io::AbortedTxn {
+            producer_id: 42,
+            first_offset: 3,
+            last_offset: 6,
+            last_stable_offset: 7,
+        }];
         let state = SnapshotState {
             log_start_wanted: 1234,
             producers,
+            aborted: aborted.clone(),
         };
         let back = SnapshotState::decode(&state.encode()).unwrap();
         assert_eq!(back.log_start_wanted, 1234);
         assert_eq!(back.producers.encode(), state.producers.encode());
+        assert_eq!(back.aborted, aborted);
+        // Version 2: no aborted transactions.
+        let mut v2 = vec![2u8];
+        v2.extend_from_slice(&1234i64.to_be_bytes());
+        v2.extend_from_slice(&state.producers.encode());
+        let back = SnapshotState::decode(&v2).unwrap();
+        assert_eq!(back.log_start_wanted, 1234);
+        assert!(back.aborted.is_empty());
         // Before version 2: the producer state alone, or nothing.
         let older = SnapshotState::decode(&state.producers.encode()).unwrap();
         assert_eq!(older.log_start_wanted, 0);

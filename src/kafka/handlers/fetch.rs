@@ -1,4 +1,5 @@
-//! Fetch (API 1): reads from each partition up to its HW, long-polls on `max_wait_ms` /
+//! Fetch (API 1): reads from each partition up to its HW (read_committed: its LSO, with the
+//! aborted transactions of what it read), long-polls on `max_wait_ms` /
 //! `min_bytes`, bounds the answer by `max_bytes` (the first batch always whole, KIP-74), and
 //! keeps incremental fetch sessions (KIP-227).
 
@@ -7,11 +8,14 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use ferrolog_io::AbortedTxn;
 use futures::future::{join_all, select, select_all, Either};
 use futures::{stream, FutureExt, StreamExt};
 use indexmap::IndexMap;
-use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
-use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse, TopicName};
+use kafka_protocol::messages::fetch_response::{
+    AbortedTransaction, FetchableTopicResponse, PartitionData,
+};
+use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse, ProducerId, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 use uuid::Uuid;
@@ -36,7 +40,20 @@ struct Read {
     error: Option<BrokerError>,
     records: Bytes,
     high_watermark: i64,
+    last_stable_offset: i64,
     log_start_offset: i64,
+    /// read_committed: the aborted transactions among `records`.
+    aborted: Option<Vec<AbortedTxn>>,
+}
+
+impl Read {
+    /// Where this read had to stop: the LSO for read_committed, else the HW.
+    fn upper(&self) -> i64 {
+        match self.aborted {
+            Some(_) => self.last_stable_offset,
+            None => self.high_watermark,
+        }
+    }
 }
 
 pub async fn handle(ctx: Rc<RequestContext>, req: FetchRequest) -> FetchResponse {
@@ -151,6 +168,7 @@ pub async fn handle(ctx: Rc<RequestContext>, req: FetchRequest) -> FetchResponse
             offset: sp.fetch_offset,
             limit: sp.partition_max_bytes.max(0) as usize,
             leader_epoch: sp.current_leader_epoch,
+            read_committed: req.isolation_level == 1,
         })
         .collect();
     let mut reads = read_all(&ctx, &image, &targets, max_bytes).await;
@@ -201,7 +219,7 @@ pub async fn handle(ctx: Rc<RequestContext>, req: FetchRequest) -> FetchResponse
             if !include {
                 continue;
             }
-            let pd = partition_data(tp.partition, read, req.isolation_level);
+            let pd = partition_data(tp.partition, read);
             if !by_topic.contains_key(&tp.topic) {
                 order.push(tp.topic.clone());
             }
@@ -253,33 +271,39 @@ fn error_partition(partition: i32, code: i16) -> PartitionData {
         .with_records(Some(Bytes::new()))
 }
 
-fn partition_data(partition: i32, read: Read, isolation_level: i8) -> PartitionData {
+fn partition_data(partition: i32, read: Read) -> PartitionData {
     if let Some(e) = read.error {
         return error_partition(partition, e.code());
     }
+    // Kafka: a list for read_committed (empty when none), null otherwise.
+    let aborted = read.aborted.map(|txns| {
+        txns.iter()
+            .map(|t| {
+                AbortedTransaction::default()
+                    .with_producer_id(ProducerId(t.producer_id))
+                    .with_first_offset(t.first_offset)
+            })
+            .collect()
+    });
     PartitionData::default()
         .with_partition_index(partition)
         .with_high_watermark(read.high_watermark)
-        // No transactions yet: the LSO is the HW.
-        .with_last_stable_offset(read.high_watermark)
+        .with_last_stable_offset(read.last_stable_offset)
         .with_log_start_offset(read.log_start_offset)
-        .with_aborted_transactions(if isolation_level == 1 {
-            Some(Vec::new())
-        } else {
-            None
-        })
+        .with_aborted_transactions(aborted)
         .with_preferred_read_replica(BrokerId(-1))
         .with_records(Some(read.records))
 }
 
 /// One partition a fetch reads: from `offset`, at most `limit` bytes, if the client's
-/// `leader_epoch` (-1: unsaid) is current.
+/// `leader_epoch` (-1: unsaid) is current; up to the LSO if `read_committed`.
 #[derive(Clone)]
 struct Target {
     tp: TopicPartition,
     offset: i64,
     limit: usize,
     leader_epoch: i32,
+    read_committed: bool,
 }
 
 /// Most partition reads one fetch keeps in flight on a shard.
@@ -402,7 +426,7 @@ fn settle(targets: &[Target], asked: &[Ask], max_bytes: usize, results: &mut [Re
         used += r.records.len();
         let end = records::next_offset(&r.records).unwrap_or(t.offset);
         let more_room = room > a.want || (first && !a.oversized_first && r.records.is_empty());
-        if more_room && r.high_watermark > end {
+        if more_room && r.upper() > end {
             short.push((a.i, room, first, r.records.len()));
         }
     }
@@ -437,17 +461,22 @@ async fn read_one(shard: &Rc<Shard>, t: &Target, want: usize, oversized_first: b
         Ok(crate::partition::ReadResult {
             records: Bytes::new(),
             high_watermark: p.high_watermark(),
+            last_stable_offset: p.last_stable_offset(),
             log_start_offset: p.log_start(),
+            aborted: t.read_committed.then(Vec::new),
         })
     } else {
-        p.read(t.offset, want, oversized_first).await
+        p.read(t.offset, want, oversized_first, t.read_committed)
+            .await
     };
     match r {
         Ok(r) => Read {
             error: None,
             records: r.records,
             high_watermark: r.high_watermark,
+            last_stable_offset: r.last_stable_offset,
             log_start_offset: r.log_start_offset,
+            aborted: r.aborted,
         },
         Err(e) => failed(e),
     }
@@ -458,7 +487,9 @@ fn failed(e: BrokerError) -> Read {
         error: Some(e),
         records: Bytes::new(),
         high_watermark: -1,
+        last_stable_offset: -1,
         log_start_offset: -1,
+        aborted: None,
     }
 }
 
@@ -523,6 +554,7 @@ mod tests {
             offset: 0,
             limit,
             leader_epoch: -1,
+            read_committed: false,
         }
     }
 
@@ -535,7 +567,9 @@ mod tests {
             error: None,
             records: Bytes::from(bytes),
             high_watermark: hw,
+            last_stable_offset: hw,
             log_start_offset: 0,
+            aborted: None,
         }
     }
 

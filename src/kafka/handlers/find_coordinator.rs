@@ -1,8 +1,9 @@
 //! FindCoordinator (API 10): a group's coordinator is the node leading its
-//! `__consumer_offsets` partition. The first group lookup creates the topic (through the
-//! controller) with `offsets.topic.num.partitions` partitions, compacted, replicated
-//! `offsets.topic.replication.factor` times (capped at the cluster's size), as Kafka does.
-//! v4+ looks up many keys at once.
+//! `__consumer_offsets` partition, a transactional id's the node leading its
+//! `__transaction_state` partition. The first lookup of either kind creates its topic
+//! (through the controller), compacted, with `offsets.topic.*` or `transaction.state.log.*`
+//! partitions and replication factor (capped at the cluster's size), as Kafka does. v4+
+//! looks up many keys at once.
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
@@ -17,6 +18,7 @@ use crate::errors::BrokerError;
 use crate::group::{partition_for, OFFSETS_TOPIC};
 use crate::kafka::handlers::admin::{self, TopicSpec};
 use crate::kafka::RequestContext;
+use crate::txn::TRANSACTION_TOPIC;
 
 const KEY_TYPE_GROUP: i8 = 0;
 const KEY_TYPE_TRANSACTION: i8 = 1;
@@ -30,26 +32,30 @@ pub async fn handle(
     } else {
         vec![req.key]
     };
-    let found = match req.key_type {
-        KEY_TYPE_GROUP => ensure_offsets_topic(&ctx).await,
-        KEY_TYPE_TRANSACTION => Err(BrokerError::CoordinatorNotAvailable(
-            "ferrolog has no transaction coordinator yet".into(),
-        )),
-        other => Err(BrokerError::InvalidRequest(format!(
-            "Unsupported key type {other}"
-        ))),
+    let (found, internal) = match req.key_type {
+        KEY_TYPE_GROUP => (ensure_topic(&ctx, offsets_topic(&ctx)).await, OFFSETS_TOPIC),
+        KEY_TYPE_TRANSACTION => (
+            ensure_topic(&ctx, transaction_topic(&ctx)).await,
+            TRANSACTION_TOPIC,
+        ),
+        other => (
+            Err(BrokerError::InvalidRequest(format!(
+                "Unsupported key type {other}"
+            ))),
+            OFFSETS_TOPIC,
+        ),
     };
-    // Each group's coordinator is the leader of its `__consumer_offsets` partition.
+    // Each key's coordinator is the leader of its partition of the internal topic.
     let image = ctx.shard.image();
     let locate = |key: &StrBytes| -> Result<(i32, StrBytes, i32), BrokerError> {
         found.clone()?;
         let topic = image
-            .topic(OFFSETS_TOPIC)
-            .ok_or_else(|| BrokerError::CoordinatorNotAvailable("no offsets topic".into()))?;
+            .topic(internal)
+            .ok_or_else(|| BrokerError::CoordinatorNotAvailable(format!("no {internal}")))?;
         let partition = partition_for(key.as_str(), topic.partitions);
         let leader = topic.leader(partition, &image).ok_or_else(|| {
             BrokerError::CoordinatorNotAvailable(format!(
-                "the leader of {OFFSETS_TOPIC}-{partition} is not available"
+                "the leader of {internal}-{partition} is not available"
             ))
         })?;
         let broker = &image.brokers[&leader];
@@ -95,11 +101,8 @@ pub async fn handle(
         .with_port(port)
 }
 
-/// Creates `__consumer_offsets` if it does not exist yet.
-async fn ensure_offsets_topic(ctx: &RequestContext) -> Result<(), BrokerError> {
-    if ctx.shard.image().topic(OFFSETS_TOPIC).is_some() {
-        return Ok(());
-    }
+/// `__consumer_offsets` as Kafka creates it.
+fn offsets_topic(ctx: &RequestContext) -> TopicSpec {
     let group = &ctx.shard.config.group;
     let configs = BTreeMap::from([
         ("cleanup.policy".to_string(), "compact".to_string()),
@@ -109,20 +112,56 @@ async fn ensure_offsets_topic(ctx: &RequestContext) -> Result<(), BrokerError> {
         ),
         ("compression.type".to_string(), "producer".to_string()),
     ]);
-    // Kafka's default of 3 replicas, capped at the cluster's size so a single node (or a
-    // two-node cluster) works as it is. With fewer live brokers than that the creation fails
-    // (INVALID_REPLICATION_FACTOR) and clients retry, as in Kafka.
-    let cluster_size = ctx.shard.config.voters.len().max(1);
-    let replication_factor = group
-        .offsets_topic_replication_factor
-        .min(i16::try_from(cluster_size).unwrap_or(i16::MAX));
-    let spec = TopicSpec {
+    TopicSpec {
         name: OFFSETS_TOPIC.to_string(),
         partitions: group.offsets_topic_partitions,
+        replication_factor: capped_replication(ctx, group.offsets_topic_replication_factor),
+        assignment: None,
+        configs,
+    }
+}
+
+/// `__transaction_state` as Kafka creates it.
+fn transaction_topic(ctx: &RequestContext) -> TopicSpec {
+    let txn = &ctx.shard.config.txn;
+    let replication_factor = capped_replication(ctx, txn.topic_replication_factor);
+    let min_isr = txn.topic_min_isr.min(i32::from(replication_factor));
+    let configs = BTreeMap::from([
+        ("cleanup.policy".to_string(), "compact".to_string()),
+        (
+            "segment.bytes".to_string(),
+            txn.topic_segment_bytes.to_string(),
+        ),
+        ("compression.type".to_string(), "uncompressed".to_string()),
+        ("min.insync.replicas".to_string(), min_isr.to_string()),
+        (
+            "unclean.leader.election.enable".to_string(),
+            "false".to_string(),
+        ),
+    ]);
+    TopicSpec {
+        name: TRANSACTION_TOPIC.to_string(),
+        partitions: txn.topic_partitions,
         replication_factor,
         assignment: None,
         configs,
-    };
+    }
+}
+
+/// Kafka's default of 3 replicas, capped at the cluster's size so a single node (or a
+/// two-node cluster) works as it is. With fewer live brokers than that the creation fails
+/// (INVALID_REPLICATION_FACTOR) and clients retry, as in Kafka.
+fn capped_replication(ctx: &RequestContext, wanted: i16) -> i16 {
+    let cluster_size = ctx.shard.config.voters.len().max(1);
+    wanted.min(i16::try_from(cluster_size).unwrap_or(i16::MAX))
+}
+
+/// Creates an internal topic if it does not exist yet.
+async fn ensure_topic(ctx: &RequestContext, spec: TopicSpec) -> Result<(), BrokerError> {
+    if ctx.shard.image().topic(&spec.name).is_some() {
+        return Ok(());
+    }
+    let name = spec.name.clone();
     match admin::create_topics_anywhere(&ctx.shard, vec![spec], false, Instant::now())
         .await
         .remove(0)
@@ -130,7 +169,7 @@ async fn ensure_offsets_topic(ctx: &RequestContext) -> Result<(), BrokerError> {
         Ok(_) => Ok(()),
         Err(e) if e.code() == ResponseError::TopicAlreadyExists.code() => Ok(()),
         Err(e) => {
-            tracing::warn!(error = %e, "cannot create {OFFSETS_TOPIC}");
+            tracing::warn!(error = %e, "cannot create {name}");
             Err(BrokerError::CoordinatorNotAvailable(e.to_string()))
         }
     }

@@ -1,5 +1,6 @@
 //! ListOffsets (API 2): latest (-1), earliest (-2), max timestamp (-3, v7+), earliest local
 //! (-4, v8+), latest tiered (-5, v9+), or the first offset whose timestamp is >= a time.
+//! read_committed (isolation level 1) looks below the LSO instead of the HW.
 
 use std::rc::Rc;
 
@@ -19,6 +20,7 @@ type Lookup = Result<Option<(i64, i64, i32)>, BrokerError>;
 
 pub async fn handle(ctx: Rc<RequestContext>, req: ListOffsetsRequest) -> ListOffsetsResponse {
     let version = ctx.version;
+    let read_committed = req.isolation_level == 1;
     let mut topics = Vec::with_capacity(req.topics.len());
     for t in req.topics {
         let name = t.name.0.to_string();
@@ -45,13 +47,13 @@ pub async fn handle(ctx: Rc<RequestContext>, req: ListOffsetsRequest) -> ListOff
                         async move {
                             let epoch = p.check_read(current_leader_epoch).await?;
                             let found = match timestamp {
-                                // No transactions yet, so read_committed's LSO is the HW too.
+                                -1 if read_committed => Ok(Some((p.last_stable_offset(), -1))),
                                 -1 => Ok(Some((p.high_watermark(), -1))),
                                 // No tiered storage: nothing is remote (Kafka answers -1, -1).
                                 -5 => Ok(None),
                                 -2 | -4 => Ok(Some((p.log_start(), -1))),
                                 -3 => p.max_timestamp_offset().await,
-                                ts => p.offset_for_timestamp(ts).await,
+                                ts => p.offset_for_timestamp(ts, read_committed).await,
                             };
                             found.map(|f| f.map(|(offset, ts)| (offset, ts, epoch)))
                         }

@@ -1,6 +1,7 @@
 //! One module per Kafka API, named after Kafka's schema. Each exposes `handle` (or, for
 //! Produce, `start`); `admin` holds the controller-side topic changes several APIs share.
 
+pub mod add_partitions_to_txn;
 pub mod admin;
 pub mod alter_configs;
 pub mod api_versions;
@@ -15,6 +16,7 @@ pub mod describe_cluster;
 pub mod describe_configs;
 pub mod describe_groups;
 pub mod elect_leaders;
+pub mod end_txn;
 pub mod fetch;
 pub mod find_coordinator;
 pub mod heartbeat;

@@ -51,7 +51,7 @@ pub async fn start(
                 (_, a) if !(a == -1 || a == 0 || a == 1) => Err(BrokerError::InvalidRequiredAcks),
                 (None, _) if ctx.version >= 13 => Err(BrokerError::UnknownTopicId),
                 (None, _) => Err(BrokerError::UnknownTopicOrPartition),
-                // Only the group coordinator writes its internal topic.
+                // Only the coordinators write their internal topics.
                 (Some(name), _) if is_internal_topic(name) => Err(BrokerError::InvalidTopic(
                     format!("Cannot append to internal topic {name}"),
                 )),

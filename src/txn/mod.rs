@@ -1,0 +1,908 @@
+//! The transaction coordinator (KIP-98), speaking Kafka's transaction protocol v1: the one
+//! clients use while a broker does not finalize the `transaction.version` feature at 2.
+//!
+//! A transactional id belongs to partition `abs(javaHash(id)) % partitions` of the internal
+//! topic `__transaction_state` (`transaction.state.log.num.partitions`, compacted), as in
+//! Kafka, and is coordinated by the shard that owns that partition on the node that leads it.
+//! Its state lives there (`Shard::txns`); every request for it hops there (`on_txn`). Each
+//! change of state is appended to the partition in Kafka's key and value layouts (`codec`)
+//! and takes effect once durable (committed, when replicated); meanwhile the id is busy and
+//! other requests for it get CONCURRENT_TRANSACTIONS. A node that starts leading a partition
+//! replays it (`load`), answers COORDINATOR_LOAD_IN_PROGRESS until done, and then finishes
+//! the transactions it finds prepared; one that stops leading drops its ids.
+//!
+//! A transaction: InitProducerId gives the id its producer id and a new epoch (fencing any
+//! older producer of the id, and aborting its open transaction); AddPartitionsToTxn records
+//! the partitions it writes (Ongoing); EndTxn persists PrepareCommit or PrepareAbort and
+//! answers, then the coordinator has each partition's leader append a marker (a control
+//! batch that closes the transaction there, `Partition::append_marker`), and once every
+//! marker is written persists CompleteCommit or CompleteAbort. A transaction open longer than
+//! its timeout is aborted the same way after bumping the epoch, which fences its producer.
+//! Markers go to this node's shards directly and to other nodes through the node-to-node
+//! transport (`quorum::forward_to_node`).
+
+pub mod codec;
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::rc::Rc;
+use std::time::Duration;
+
+use futures::future::LocalBoxFuture;
+use futures::FutureExt;
+
+use crate::errors::BrokerError;
+use crate::group::{partition_for, OffsetsLog};
+use crate::partition::Partition;
+use crate::producer_state::Marker;
+use crate::shard::Shard;
+use crate::types::{now_ms, ShardId, TopicPartition};
+use codec::TxnValue;
+
+/// Kafka's internal topic for transaction state.
+pub const TRANSACTION_TOPIC: &str = "__transaction_state";
+
+/// The highest epoch handed to a producer: Kafka keeps `i16::MAX` for fencing, and moves a
+/// transactional id to a new producer id once its epoch reaches this.
+const EPOCH_MAX: i16 = i16::MAX - 1;
+/// Bytes read per round while loading a partition of `__transaction_state`.
+const LOAD_READ_BYTES: usize = 1 << 20;
+/// Pause between rounds of writing markers a partition could not take yet.
+const MARKER_RETRY: Duration = Duration::from_millis(100);
+/// How long one round of markers to another node may take.
+const MARKER_TTL: Duration = Duration::from_secs(30);
+
+/// Kafka's `TransactionState`, with its ids in the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i8)]
+pub enum TxnState {
+    Empty = 0,
+    Ongoing = 1,
+    PrepareCommit = 2,
+    PrepareAbort = 3,
+    CompleteCommit = 4,
+    CompleteAbort = 5,
+    Dead = 6,
+    PrepareEpochFence = 7,
+}
+
+impl TxnState {
+    pub fn from_id(id: i8) -> Option<TxnState> {
+        use TxnState::*;
+        [
+            Empty,
+            Ongoing,
+            PrepareCommit,
+            PrepareAbort,
+            CompleteCommit,
+            CompleteAbort,
+            Dead,
+            PrepareEpochFence,
+        ]
+        .into_iter()
+        .find(|s| *s as i8 == id)
+    }
+
+    /// Kafka's name for it (DescribeTransactions, ListTransactions).
+    pub fn name(self) -> &'static str {
+        match self {
+            TxnState::Empty => "Empty",
+            TxnState::Ongoing => "Ongoing",
+            TxnState::PrepareCommit => "PrepareCommit",
+            TxnState::PrepareAbort => "PrepareAbort",
+            TxnState::CompleteCommit => "CompleteCommit",
+            TxnState::CompleteAbort => "CompleteAbort",
+            TxnState::Dead => "Dead",
+            TxnState::PrepareEpochFence => "PrepareEpochFence",
+        }
+    }
+}
+
+/// One transactional id, as its coordinator holds it.
+#[derive(Debug, Clone)]
+pub struct Txn {
+    /// Its partition of `__transaction_state`.
+    pub partition: i32,
+    /// The state as last written (durable).
+    pub value: TxnValue,
+    /// The epoch before the last bump, so a retried InitProducerId is answered again (-1:
+    /// not known, as after a load).
+    last_epoch: i16,
+    /// A change is being written (or markers are): other requests wait.
+    busy: bool,
+}
+
+/// A partition of `__transaction_state` this shard coordinates.
+#[derive(Debug, Clone, Copy)]
+struct Coordinated {
+    loaded: bool,
+    /// Its leader epoch when the load began: the coordinator epoch of the markers.
+    epoch: i32,
+    load: u64,
+}
+
+/// The transactional ids of the `__transaction_state` partitions one shard owns.
+#[derive(Default)]
+pub struct TxnCoordinator {
+    pub txns: BTreeMap<String, Txn>,
+    partitions: HashMap<i32, Coordinated>,
+    next_load: u64,
+}
+
+impl TxnCoordinator {
+    /// Follows this replica's leadership of partition `index` (`leads`, in leader epoch
+    /// `epoch`), as the group coordinator does (`GroupCoordinator::follow`). Returns the
+    /// number of the load to run now, if one is to start.
+    pub fn follow(&mut self, index: i32, leads: bool, epoch: i32) -> Option<u64> {
+        match self.partitions.get(&index) {
+            Some(c) if leads && c.epoch == epoch => None,
+            Some(_) if leads => {
+                self.unload(index);
+                self.follow(index, leads, epoch)
+            }
+            None if leads => {
+                tracing::info!(
+                    partition = index,
+                    "leading a {TRANSACTION_TOPIC} partition: loading it"
+                );
+                self.next_load += 1;
+                self.partitions.insert(
+                    index,
+                    Coordinated {
+                        loaded: false,
+                        epoch,
+                        load: self.next_load,
+                    },
+                );
+                Some(self.next_load)
+            }
+            Some(_) => {
+                tracing::info!(
+                    partition = index,
+                    "no longer leading a {TRANSACTION_TOPIC} partition"
+                );
+                self.unload(index);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Stops coordinating partition `index`: its ids are dropped.
+    pub fn unload(&mut self, index: i32) {
+        self.partitions.remove(&index);
+        self.txns.retain(|_, t| t.partition != index);
+    }
+
+    fn is_current_load(&self, index: i32, load: u64) -> bool {
+        self.partitions.get(&index).is_some_and(|c| c.load == load)
+    }
+
+    /// The coordinator epoch of partition `index` if it is loaded in leader epoch `epoch`.
+    fn loaded_in(&self, index: i32, epoch: i32) -> Option<u64> {
+        self.partitions
+            .get(&index)
+            .filter(|c| c.loaded && c.epoch == epoch)
+            .map(|c| c.load)
+    }
+
+    /// The ids of loaded partition `index` whose transaction is prepared (their markers are
+    /// to be written) or, with `timeouts`, has run past its timeout at `now`.
+    fn due(&self, index: i32, now: i64, timeouts: bool) -> Vec<String> {
+        if !self.partitions.get(&index).is_some_and(|c| c.loaded) {
+            return Vec::new();
+        }
+        self.txns
+            .iter()
+            .filter(|(_, t)| t.partition == index && !t.busy)
+            .filter(|(_, t)| match t.value.state {
+                TxnState::PrepareCommit | TxnState::PrepareAbort => true,
+                TxnState::Ongoing => {
+                    timeouts && t.value.start_ms + i64::from(t.value.timeout_ms) < now
+                }
+                _ => false,
+            })
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+}
+
+/// Replays partition `index` of `__transaction_state` (`log`) up to its HW into `txns`, then
+/// marks it loaded, unless another load or an unload replaced this one (`load`).
+pub async fn load(txns: &RefCell<TxnCoordinator>, index: i32, log: &Partition, load: u64) {
+    let end = log.high_watermark();
+    let mut offset = log.log_start();
+    let mut records = 0usize;
+    while offset < end {
+        let bytes = match log.read_committed(offset, LOAD_READ_BYTES).await {
+            Ok(bytes) if !bytes.is_empty() => bytes,
+            Ok(_) => break,
+            Err(e) => {
+                tracing::error!(partition = index, offset, error = %e,
+                    "cannot read {TRANSACTION_TOPIC}; its transactions stay unavailable");
+                return;
+            }
+        };
+        let mut rest = &bytes[..];
+        while !rest.is_empty() {
+            let header = match ferrolog_io::batch::verify(rest) {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::error!(partition = index, offset, error = %e,
+                        "damaged batch in {TRANSACTION_TOPIC}; its transactions stay unavailable");
+                    return;
+                }
+            };
+            let mut c = txns.borrow_mut();
+            if !c.is_current_load(index, load) {
+                return;
+            }
+            let decoded = crate::group::codec::decode_key_value_batch(&header, rest, |k, v| {
+                records += 1;
+                replay(&mut c, index, k, v);
+            });
+            if let Err(e) = decoded {
+                tracing::warn!(partition = index, offset = header.base_offset, error = %e,
+                    "skipping a batch of {TRANSACTION_TOPIC} that does not decode");
+            }
+            offset = header.next_offset();
+            rest = &rest[header.total_bytes()..];
+        }
+    }
+    let mut c = txns.borrow_mut();
+    if let Some(p) = c.partitions.get_mut(&index).filter(|p| p.load == load) {
+        p.loaded = true;
+        tracing::info!(
+            partition = index,
+            records,
+            "loaded {TRANSACTION_TOPIC} partition"
+        );
+    }
+}
+
+fn replay(c: &mut TxnCoordinator, index: i32, key: &[u8], value: Option<&[u8]>) {
+    let id = match codec::decode_key(key) {
+        Ok(Some(id)) => id,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!(partition = index, error = %e, "skipping a {TRANSACTION_TOPIC} record");
+            return;
+        }
+    };
+    match value.map(codec::decode_value) {
+        None => {
+            c.txns.remove(&id);
+        }
+        Some(Ok(value)) => {
+            c.txns.insert(
+                id,
+                Txn {
+                    partition: index,
+                    value,
+                    last_epoch: -1,
+                    busy: false,
+                },
+            );
+        }
+        Some(Err(e)) => {
+            tracing::warn!(partition = index, id, error = %e, "skipping a {TRANSACTION_TOPIC} record");
+        }
+    }
+}
+
+/// Partitions of `__transaction_state`: this shard coordinates a partition's ids while it
+/// leads it, loading them once it is a ready leader, and drops them when it stops leading.
+pub fn follow_leadership(shard: &Rc<Shard>) {
+    let Some(partitions) = shard.image().topic(TRANSACTION_TOPIC).map(|t| t.partitions) else {
+        return;
+    };
+    for index in 0..partitions {
+        let tp = TopicPartition {
+            topic: TRANSACTION_TOPIC.to_string(),
+            partition: index,
+        };
+        let Some(p) = shard.partition(&tp) else {
+            continue; // another shard's or another node's
+        };
+        let (leads, epoch) = (p.is_leader(), p.leader_epoch());
+        let Some(load_id) = shard.txns.borrow_mut().follow(index, leads, epoch) else {
+            continue;
+        };
+        let shard = shard.clone();
+        glommio::spawn_local(async move { load(&shard.txns, index, &p, load_id).await }).detach();
+    }
+}
+
+/// How often a shard follows the leadership of its `__transaction_state` partitions and
+/// finishes prepared transactions.
+const TICK_MS: u64 = 100;
+
+/// The shard's periodic work for its `__transaction_state` partitions: follows their
+/// leadership, finishes prepared transactions (after a load), and every
+/// `transaction.abort.timed.out.transaction.cleanup.interval.ms` aborts those past their
+/// timeout.
+pub async fn tick_loop(shard: Rc<Shard>) {
+    let interval = shard.config.txn.abort_timed_out_interval_ms;
+    let mut next_timeouts = now_ms() + interval;
+    loop {
+        glommio::timer::sleep(Duration::from_millis(TICK_MS)).await;
+        follow_leadership(&shard);
+        let now = now_ms();
+        let timeouts = now >= next_timeouts;
+        if timeouts {
+            next_timeouts = now + interval;
+        }
+        tick(&shard, now, timeouts);
+    }
+}
+
+fn tick(shard: &Rc<Shard>, now: i64, timeouts: bool) {
+    let indexes: Vec<i32> = shard.txns.borrow().partitions.keys().copied().collect();
+    for index in indexes {
+        let due = shard.txns.borrow().due(index, now, timeouts);
+        for id in due {
+            let shard = shard.clone();
+            glommio::spawn_local(async move {
+                if let Err(e) = finish(&shard, &id).await {
+                    tracing::debug!(id, error = %e, "could not finish a transaction yet");
+                }
+            })
+            .detach();
+        }
+    }
+}
+
+/// Runs `f` on the shard that coordinates `transactional_id`, with its partition of
+/// `__transaction_state`, once that shard may serve it: it leads the partition, has loaded
+/// it, and holds a lease. NOT_COORDINATOR when this node does not lead it (or the topic does
+/// not exist: FindCoordinator creates it); COORDINATOR_LOAD_IN_PROGRESS while it loads.
+pub async fn on_txn<T, F>(shard: &Rc<Shard>, transactional_id: &str, f: F) -> Result<T, BrokerError>
+where
+    T: Send + 'static,
+    F: FnOnce(Rc<Shard>, Rc<Partition>) -> LocalBoxFuture<'static, Result<T, BrokerError>>
+        + Send
+        + 'static,
+{
+    if transactional_id.is_empty() {
+        return Err(BrokerError::InvalidRequest(
+            "transactional id must not be empty".into(),
+        ));
+    }
+    let image = shard.image();
+    let topic = image
+        .topic(TRANSACTION_TOPIC)
+        .ok_or(BrokerError::NotCoordinator)?;
+    let tp = TopicPartition {
+        topic: TRANSACTION_TOPIC.to_string(),
+        partition: partition_for(transactional_id, topic.partitions),
+    };
+    let owner = shard
+        .owner_of(&image, &tp)
+        .map_err(|_| BrokerError::NotCoordinator)?;
+    shard
+        .invoke_on(owner, move |s| {
+            let s = s.clone();
+            let Some(partition) = s.partition(&tp) else {
+                return async { Err(BrokerError::NotCoordinator) }.boxed_local();
+            };
+            async move {
+                check_coordinator(&s, &partition).await?;
+                f(s, partition).await
+            }
+            .boxed_local()
+        })
+        .await
+}
+
+/// The coordinator epoch this replica serves `partition`'s ids in, once it may: it leads,
+/// has loaded them in its current leader epoch, and holds a lease.
+async fn check_coordinator(shard: &Shard, partition: &Partition) -> Result<u64, BrokerError> {
+    let serves = || {
+        if !partition.is_leader() {
+            return Err(BrokerError::NotCoordinator);
+        }
+        let txns = shard.txns.borrow();
+        match txns.partitions.get(&partition.index) {
+            None => Err(BrokerError::NotCoordinator),
+            Some(_) => txns
+                .loaded_in(partition.index, partition.leader_epoch())
+                .ok_or(BrokerError::CoordinatorLoadInProgress),
+        }
+    };
+    serves()?;
+    partition
+        .read_lease()
+        .await
+        .map_err(|_| BrokerError::NotCoordinator)?;
+    serves()
+}
+
+/// Marks `id` busy, or says why it cannot change now.
+fn claim(shard: &Shard, id: &str) -> Result<(), BrokerError> {
+    let mut txns = shard.txns.borrow_mut();
+    match txns.txns.get_mut(id) {
+        Some(t) if t.busy => Err(BrokerError::ConcurrentTransactions),
+        Some(t) => {
+            t.busy = true;
+            Ok(())
+        }
+        None => Ok(()),
+    }
+}
+
+/// Releases `id` when dropped (the request finished, failed, or was dropped).
+struct Busy<'a> {
+    shard: &'a Shard,
+    id: &'a str,
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        if let Some(t) = self.shard.txns.borrow_mut().txns.get_mut(self.id) {
+            t.busy = false;
+        }
+    }
+}
+
+/// Writes `value` for `id` to its partition and, once durable and if this is still the load
+/// it began in, takes it as the id's state (with `last_epoch`). Kafka's answers for a write
+/// that fails: NOT_COORDINATOR when this node stopped leading, COORDINATOR_NOT_AVAILABLE
+/// otherwise.
+async fn write(
+    shard: &Shard,
+    partition: &Rc<Partition>,
+    id: &str,
+    value: TxnValue,
+    last_epoch: i16,
+) -> Result<(), BrokerError> {
+    let load = shard
+        .txns
+        .borrow()
+        .loaded_in(partition.index, partition.leader_epoch())
+        .ok_or(BrokerError::NotCoordinator)?;
+    let key = codec::encode_key(id);
+    let encoded = codec::encode_value(&value);
+    let now = now_ms();
+    let batch = crate::group::codec::encode_key_value_batch(&[(&key[..], Some(&encoded[..]))], now);
+    partition
+        .append_batch(&batch, now)
+        .await
+        .map_err(|e| match e {
+            BrokerError::NotLeaderOrFollower | BrokerError::Storage(_) => {
+                BrokerError::NotCoordinator
+            }
+            e => {
+                tracing::warn!(id, error = %e, "writing to {TRANSACTION_TOPIC} failed");
+                BrokerError::CoordinatorNotAvailable(e.to_string())
+            }
+        })?;
+    let mut txns = shard.txns.borrow_mut();
+    if !txns.is_current_load(partition.index, load) {
+        return Err(BrokerError::NotCoordinator);
+    }
+    let txn = txns.txns.entry(id.to_string()).or_insert_with(|| Txn {
+        partition: partition.index,
+        value: value.clone(),
+        last_epoch,
+        busy: true, // released by its `Busy`
+    });
+    txn.value = value;
+    txn.last_epoch = last_epoch;
+    Ok(())
+}
+
+/// A new producer id from this node's range (persisted on shard 0 before it is handed out).
+pub async fn allocate_producer_id(shard: &Rc<Shard>) -> Result<i64, BrokerError> {
+    shard
+        .on_controller(|shard| {
+            async move {
+                let ids = shard
+                    .producer_ids
+                    .as_ref()
+                    .expect("producer ids live on shard 0");
+                ids.allocate().await.map_err(|e| e.to_string())
+            }
+            .boxed_local()
+        })
+        .await
+        .map_err(|e| {
+            tracing::error!(error = %e, "cannot persist the producer id counter");
+            BrokerError::Storage(e)
+        })
+}
+
+/// What InitProducerId asks of a transactional id.
+pub struct InitRequest {
+    pub transactional_id: String,
+    pub timeout_ms: i32,
+    /// KIP-360: the producer id and epoch the producer had, or -1 and -1.
+    pub producer_id: i64,
+    pub producer_epoch: i16,
+}
+
+/// InitProducerId with a transactional id: the id's producer id and its next epoch. An open
+/// transaction is aborted first (fencing its producer), and the caller is told to retry
+/// (CONCURRENT_TRANSACTIONS) as in Kafka.
+pub async fn init_producer_id(
+    shard: &Rc<Shard>,
+    req: InitRequest,
+    max_timeout_ms: i32,
+) -> Result<(i64, i16), BrokerError> {
+    if req.timeout_ms <= 0 || req.timeout_ms > max_timeout_ms {
+        return Err(BrokerError::InvalidTransactionTimeout);
+    }
+    let id = req.transactional_id.clone();
+    on_txn(shard, &id, move |shard, partition| {
+        async move {
+            claim(&shard, &req.transactional_id)?;
+            let id = req.transactional_id.as_str();
+            let _busy = Busy { shard: &shard, id };
+            let now = now_ms();
+            let current = shard.txns.borrow().txns.get(id).cloned();
+            let Some(txn) = current else {
+                let producer_id = allocate_producer_id(&shard).await?;
+                let value = TxnValue {
+                    producer_id,
+                    producer_epoch: 0,
+                    timeout_ms: req.timeout_ms,
+                    state: TxnState::Empty,
+                    partitions: BTreeSet::new(),
+                    last_update_ms: now,
+                    start_ms: -1,
+                };
+                write(&shard, &partition, id, value, -1).await?;
+                return Ok((producer_id, 0));
+            };
+            let v = &txn.value;
+            if req.producer_id >= 0 && req.producer_id != v.producer_id {
+                return Err(BrokerError::ProducerFenced);
+            }
+            match v.state {
+                TxnState::PrepareCommit | TxnState::PrepareAbort => {
+                    return Err(BrokerError::ConcurrentTransactions)
+                }
+                TxnState::Ongoing => {
+                    // Fence the producer of the open transaction and abort it; the caller
+                    // retries and gets the epoch after.
+                    let fenced = TxnValue {
+                        producer_epoch: v.producer_epoch.saturating_add(1).min(EPOCH_MAX),
+                        state: TxnState::PrepareAbort,
+                        last_update_ms: now,
+                        ..v.clone()
+                    };
+                    write(&shard, &partition, id, fenced, txn.last_epoch).await?;
+                    return Err(BrokerError::ConcurrentTransactions);
+                }
+                _ => {}
+            }
+            let (producer_id, epoch, last_epoch) = if v.producer_epoch >= EPOCH_MAX {
+                (allocate_producer_id(&shard).await?, 0, -1)
+            } else if req.producer_epoch < 0 || req.producer_epoch == v.producer_epoch {
+                (v.producer_id, v.producer_epoch + 1, v.producer_epoch)
+            } else if req.producer_epoch == txn.last_epoch {
+                return Ok((v.producer_id, v.producer_epoch)); // a retry, answered again
+            } else {
+                return Err(BrokerError::ProducerFenced);
+            };
+            let value = TxnValue {
+                producer_id,
+                producer_epoch: epoch,
+                timeout_ms: req.timeout_ms,
+                state: TxnState::Empty,
+                partitions: BTreeSet::new(),
+                last_update_ms: now,
+                start_ms: -1,
+            };
+            write(&shard, &partition, id, value, last_epoch).await?;
+            Ok((producer_id, epoch))
+        }
+        .boxed_local()
+    })
+    .await
+}
+
+/// The checks AddPartitionsToTxn and EndTxn make of the producer: the id's producer id
+/// (INVALID_PRODUCER_ID_MAPPING) and its current epoch (PRODUCER_FENCED).
+fn check_producer(txn: Option<&Txn>, producer_id: i64, epoch: i16) -> Result<&Txn, BrokerError> {
+    let txn = txn
+        .filter(|t| t.value.producer_id == producer_id)
+        .ok_or(BrokerError::InvalidProducerIdMapping)?;
+    if txn.value.producer_epoch != epoch {
+        return Err(BrokerError::ProducerFenced);
+    }
+    Ok(txn)
+}
+
+/// AddPartitionsToTxn (the client's form): adds `partitions` to the open transaction of
+/// `transactional_id`, opening it if none is.
+pub async fn add_partitions(
+    shard: &Rc<Shard>,
+    transactional_id: String,
+    producer_id: i64,
+    epoch: i16,
+    partitions: Vec<(String, i32)>,
+) -> Result<(), BrokerError> {
+    let id = transactional_id.clone();
+    on_txn(shard, &id, move |shard, partition| {
+        async move {
+            let id = transactional_id.as_str();
+            let value = {
+                let txns = shard.txns.borrow();
+                let txn = check_producer(txns.txns.get(id), producer_id, epoch)?;
+                if txn.busy {
+                    return Err(BrokerError::ConcurrentTransactions);
+                }
+                let v = &txn.value;
+                match v.state {
+                    TxnState::PrepareCommit | TxnState::PrepareAbort => {
+                        return Err(BrokerError::ConcurrentTransactions)
+                    }
+                    TxnState::Ongoing if partitions.iter().all(|p| v.partitions.contains(p)) => {
+                        return Ok(())
+                    }
+                    _ => {}
+                }
+                let now = now_ms();
+                let mut value = v.clone();
+                if v.state != TxnState::Ongoing {
+                    value.partitions.clear();
+                    value.start_ms = now;
+                }
+                value.state = TxnState::Ongoing;
+                value.partitions.extend(partitions);
+                value.last_update_ms = now;
+                value
+            };
+            claim(&shard, id)?;
+            let _busy = Busy { shard: &shard, id };
+            let last_epoch = shard
+                .txns
+                .borrow()
+                .txns
+                .get(id)
+                .map_or(-1, |t| t.last_epoch);
+            write(&shard, &partition, id, value, last_epoch).await
+        }
+        .boxed_local()
+    })
+    .await
+}
+
+/// EndTxn: persists PrepareCommit or PrepareAbort and answers; the markers and the
+/// completion follow in the background (`finish`). A retry of a finished one is answered
+/// again.
+pub async fn end_txn(
+    shard: &Rc<Shard>,
+    transactional_id: String,
+    producer_id: i64,
+    epoch: i16,
+    commit: bool,
+) -> Result<(), BrokerError> {
+    let id = transactional_id.clone();
+    on_txn(shard, &id, move |shard, partition| {
+        async move {
+            let id = transactional_id.as_str();
+            let (value, last_epoch) = {
+                let txns = shard.txns.borrow();
+                let txn = check_producer(txns.txns.get(id), producer_id, epoch)?;
+                if txn.busy {
+                    return Err(BrokerError::ConcurrentTransactions);
+                }
+                let v = &txn.value;
+                let prepared = match commit {
+                    true => TxnState::PrepareCommit,
+                    false => TxnState::PrepareAbort,
+                };
+                match (v.state, commit) {
+                    (TxnState::Ongoing, _) => {}
+                    (TxnState::CompleteCommit, true) | (TxnState::CompleteAbort, false) => {
+                        return Ok(())
+                    }
+                    (s, _) if s == prepared => return Err(BrokerError::ConcurrentTransactions),
+                    _ => return Err(BrokerError::InvalidTxnState),
+                }
+                let value = TxnValue {
+                    state: prepared,
+                    last_update_ms: now_ms(),
+                    ..v.clone()
+                };
+                (value, txn.last_epoch)
+            };
+            claim(&shard, id)?;
+            {
+                let _busy = Busy { shard: &shard, id };
+                write(&shard, &partition, id, value, last_epoch).await?;
+            }
+            let (shard, id) = (shard.clone(), id.to_string());
+            glommio::spawn_local(async move {
+                if let Err(e) = finish(&shard, &id).await {
+                    tracing::debug!(id, error = %e, "markers not written yet; the tick retries");
+                }
+            })
+            .detach();
+            Ok(())
+        }
+        .boxed_local()
+    })
+    .await
+}
+
+/// Takes the transaction of `id` (on this shard) to its end: one past its timeout is first
+/// prepared to abort under a bumped epoch (fencing its producer); a prepared one gets its
+/// markers written, then its completion persisted.
+async fn finish(shard: &Rc<Shard>, id: &str) -> Result<(), BrokerError> {
+    let Some(txn) = shard.txns.borrow().txns.get(id).cloned() else {
+        return Ok(());
+    };
+    let tp = TopicPartition {
+        topic: TRANSACTION_TOPIC.to_string(),
+        partition: txn.partition,
+    };
+    let partition = shard.partition(&tp).ok_or(BrokerError::NotCoordinator)?;
+    let coordinator_epoch = partition.leader_epoch();
+    check_coordinator(shard, &partition).await?;
+    claim(shard, id)?;
+    let _busy = Busy { shard, id };
+    let mut value = shard.txns.borrow().txns[id].value.clone();
+    let last_epoch = shard.txns.borrow().txns[id].last_epoch;
+    if value.state == TxnState::Ongoing {
+        tracing::info!(
+            id,
+            timeout_ms = value.timeout_ms,
+            "aborting a transaction past its timeout"
+        );
+        value = TxnValue {
+            producer_epoch: value.producer_epoch.saturating_add(1).min(EPOCH_MAX),
+            state: TxnState::PrepareAbort,
+            last_update_ms: now_ms(),
+            ..value
+        };
+        write(shard, &partition, id, value.clone(), last_epoch).await?;
+    }
+    let commit = match value.state {
+        TxnState::PrepareCommit => true,
+        TxnState::PrepareAbort => false,
+        _ => return Ok(()),
+    };
+    let marker = Marker {
+        commit,
+        coordinator_epoch,
+    };
+    let mut left: Vec<(String, i32)> = value.partitions.iter().cloned().collect();
+    while !left.is_empty() {
+        if partition.leader_epoch() != coordinator_epoch || !partition.is_leader() {
+            return Err(BrokerError::NotCoordinator);
+        }
+        let results = write_markers(
+            shard,
+            value.producer_id,
+            value.producer_epoch,
+            marker,
+            &left,
+        )
+        .await;
+        let mut retry = Vec::new();
+        for (tp, result) in left.into_iter().zip(results) {
+            match result {
+                Ok(()) => {}
+                // Gone with its topic: nothing to close there.
+                Err(BrokerError::UnknownTopicOrPartition)
+                    if shard
+                        .image()
+                        .topic(&tp.0)
+                        .is_none_or(|t| tp.1 >= t.partitions) => {}
+                Err(
+                    e @ (BrokerError::InvalidProducerEpoch
+                    | BrokerError::TransactionCoordinatorFenced),
+                ) => {
+                    tracing::warn!(id, topic = tp.0, partition = tp.1, error = %e,
+                        "a partition refused the transaction's marker; leaving it to a newer coordinator");
+                    return Err(e);
+                }
+                Err(e) => {
+                    tracing::debug!(id, topic = tp.0, partition = tp.1, error = %e, "marker not written; retrying");
+                    retry.push(tp);
+                }
+            }
+        }
+        left = retry;
+        if !left.is_empty() {
+            glommio::timer::sleep(MARKER_RETRY).await;
+        }
+    }
+    let done = TxnValue {
+        state: if commit {
+            TxnState::CompleteCommit
+        } else {
+            TxnState::CompleteAbort
+        },
+        partitions: BTreeSet::new(),
+        last_update_ms: now_ms(),
+        ..value
+    };
+    write(shard, &partition, id, done, last_epoch).await
+}
+
+/// Has the leader of each of `partitions` append the marker (this node's partitions on their
+/// shards, other nodes' through the node-to-node transport), and answers per partition.
+async fn write_markers(
+    shard: &Rc<Shard>,
+    producer_id: i64,
+    producer_epoch: i16,
+    marker: Marker,
+    partitions: &[(String, i32)],
+) -> Vec<Result<(), BrokerError>> {
+    let image = shard.image();
+    let mut by_node: BTreeMap<i32, Vec<usize>> = BTreeMap::new();
+    let mut results: Vec<Result<(), BrokerError>> = partitions
+        .iter()
+        .map(|_| Err(BrokerError::NotLeaderOrFollower))
+        .collect();
+    for (i, (topic, p)) in partitions.iter().enumerate() {
+        match image.topic(topic) {
+            None => results[i] = Err(BrokerError::UnknownTopicOrPartition),
+            Some(t) if *p >= t.partitions => results[i] = Err(BrokerError::UnknownTopicOrPartition),
+            Some(t) => {
+                if let Some(leader) = t.leader(*p, &image) {
+                    by_node.entry(leader).or_default().push(i);
+                }
+            }
+        }
+    }
+    for (node, indexes) in by_node {
+        let wanted: Vec<(String, i32)> = indexes.iter().map(|&i| partitions[i].clone()).collect();
+        let answers = if node == shard.config.node_id {
+            write_markers_here(shard, producer_id, producer_epoch, marker, wanted).await
+        } else {
+            let request = crate::quorum::Forwarded::WriteTxnMarkers {
+                producer_id,
+                producer_epoch,
+                commit: marker.commit,
+                coordinator_epoch: marker.coordinator_epoch,
+                partitions: wanted,
+            };
+            crate::quorum::forward_to_node(shard, node, request, indexes.len(), MARKER_TTL).await
+        };
+        for (i, answer) in indexes.into_iter().zip(answers) {
+            results[i] = answer;
+        }
+    }
+    results
+}
+
+/// The leader's side of markers (Kafka's WriteTxnMarkers): each partition's owning shard
+/// appends the marker, and each is answered once durable (committed, when replicated).
+pub async fn write_markers_here(
+    shard: &Rc<Shard>,
+    producer_id: i64,
+    producer_epoch: i16,
+    marker: Marker,
+    partitions: Vec<(String, i32)>,
+) -> Vec<Result<(), BrokerError>> {
+    let image = shard.image();
+    let writes = partitions.into_iter().map(|(topic, index)| {
+        let tp = TopicPartition {
+            topic,
+            partition: index,
+        };
+        let owner: Result<ShardId, BrokerError> = shard.owner_of(&image, &tp);
+        let shard = shard.clone();
+        async move {
+            let owner = owner?;
+            shard
+                .invoke_on(owner, move |s| {
+                    let Some(p) = s.partition(&tp) else {
+                        return async { Err(BrokerError::UnknownTopicOrPartition) }.boxed_local();
+                    };
+                    let step = p.append_marker(producer_id, producer_epoch, marker, now_ms());
+                    async move {
+                        step?.finish(&p.log, true).await?;
+                        Ok(())
+                    }
+                    .boxed_local()
+                })
+                .await
+        }
+    });
+    futures::future::join_all(writes).await
+}

@@ -1,0 +1,134 @@
+"""Transactions (KIP-98, transaction protocol v1) with real clients: the Java client's
+transactional producer and librdkafka's (confluent-kafka), read back by read_committed and
+read_uncommitted consumers. Each test also runs against Apache Kafka
+(FERROLOG_TARGET=apache).
+"""
+
+import json
+import time
+
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from support import java
+
+
+def _create(bootstrap, topic, partitions):
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+
+
+def _values(result, prefix):
+    return sorted(v for v in result if v.startswith(prefix + "-"))
+
+
+def test_java_transactions_commit_abort_fence_and_time_out(broker, tmp_path):
+    """Committed transactions are read by read_committed consumers, aborted and timed-out
+    ones only by read_uncommitted ones; a second producer with the same transactional id
+    fences the first; an open transaction holds read_committed's end offsets back; a
+    transaction past its timeout is aborted by the coordinator."""
+    topic, partitions = "txn-java", 3
+    _create(broker.bootstrap, topic, partitions)
+    result_path = tmp_path / "result.json"
+
+    java("dev.ferrolog.tests.TxnRoundTrip", broker.bootstrap, topic, partitions, result_path, timeout_s=240)
+
+    r = json.loads(result_path.read_text())
+    committed, uncommitted = r["read_committed"], r["read_uncommitted"]
+    expect = {p: sorted(f"{p}-{i}" for i in range(n)) for p, n in
+              (("commit-1", 30), ("commit-3", 10), ("commit-4", 5), ("open-5", 4))}  # fmt: skip
+    for prefix, values in expect.items():
+        assert _values(committed, prefix) == values, prefix
+        assert _values(uncommitted, prefix) == values, prefix
+    for prefix in ("abort-2", "timeout-6", "zombie"):
+        assert _values(committed, prefix) == [], f"{prefix} read by read_committed"
+    assert _values(uncommitted, "abort-2") == sorted(f"abort-2-{i}" for i in range(20))
+    assert _values(uncommitted, "timeout-6") == sorted(f"timeout-6-{i}" for i in range(3))
+    assert len(committed) == len(set(committed)), "a record read twice"
+    # The fenced producer's commit and the timed-out producer's commit both fail.
+    assert r["fenced"] in ("ProducerFencedException", "InvalidProducerEpochException"), r["fenced"]
+    assert r["timed_out"] is not None
+    # With open-5 open, read_committed's end offsets stop below its records.
+    open_ends = r["end_offsets_open"]
+    assert open_ends["read_committed"] < open_ends["read_uncommitted"], open_ends
+    # At the end no transaction is open: both agree.
+    assert r["end_offsets"]["read_committed"] == r["end_offsets"]["read_uncommitted"], r["end_offsets"]
+
+
+def _read(bootstrap, topic, partitions, isolation):
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap,
+        "group.id": f"txn-reader-{isolation}",
+        "isolation.level": isolation,
+        "enable.partition.eof": True,
+        "enable.auto.commit": False,
+    })  # fmt: skip
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    values, eof = [], set()
+    deadline = time.monotonic() + 60
+    while len(eof) < partitions and time.monotonic() < deadline:
+        m = consumer.poll(1)
+        if m is None:
+            continue
+        if m.error():
+            if m.error().code() == -191:  # partition EOF
+                eof.add(m.partition())
+            continue
+        values.append(m.value().decode())
+    consumer.close()
+    assert len(eof) == partitions, "did not reach the end of every partition"
+    return values
+
+
+def test_librdkafka_transactions_survive_a_broker_restart(broker):
+    """librdkafka's transactional API: commit and abort; after a kill -9 and restart, the
+    aborted records stay hidden from read_committed (the aborted-transaction index and the
+    coordinator's state come back from disk), and the same transactional id goes on."""
+    topic, partitions = "txn-rdkafka", 2
+    _create(broker.bootstrap, topic, partitions)
+
+    def transaction(prefix, n, commit):
+        p = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "txn-rdkafka"})
+        p.init_transactions(60)
+        p.begin_transaction()
+        for i in range(n):
+            p.produce(topic, value=f"{prefix}-{i}".encode(), partition=i % partitions)
+        p.flush(60)  # sent, so an abort leaves records behind
+        if commit:
+            p.commit_transaction(60)
+        else:
+            p.abort_transaction(60)
+
+    transaction("c1", 20, True)
+    transaction("a2", 10, False)
+    transaction("c3", 6, True)
+
+    def check():
+        committed = _read(broker.bootstrap, topic, partitions, "read_committed")
+        assert sorted(committed) == sorted([f"c1-{i}" for i in range(20)] + [f"c3-{i}" for i in range(6)])
+        uncommitted = _read(broker.bootstrap, topic, partitions, "read_uncommitted")
+        assert sorted(v for v in uncommitted if v.startswith("a2-")) == sorted(f"a2-{i}" for i in range(10))
+
+    check()
+    broker.kill9()
+    broker.start()
+    check()
+    transaction("c4", 4, True)
+    transaction("a5", 4, False)
+    committed = _read(broker.bootstrap, topic, partitions, "read_committed")
+    assert sorted(v for v in committed if v[:2] in ("c4", "a5")) == sorted(f"c4-{i}" for i in range(4))
+
+
+def test_transactional_errors(broker):
+    """Kafka's answers to misuse: a transaction timeout above transaction.max.timeout.ms is
+    INVALID_TRANSACTION_TIMEOUT."""
+    p = Producer({
+        "bootstrap.servers": broker.bootstrap,
+        "transactional.id": "txn-too-long",
+        "transaction.timeout.ms": 900_001,
+    })  # fmt: skip
+    try:
+        p.init_transactions(30)
+        raise AssertionError("init_transactions accepted a timeout above the maximum")
+    except KafkaException as e:
+        assert e.args[0].name() == "INVALID_TRANSACTION_TIMEOUT", e

@@ -7,10 +7,13 @@ read_uncommitted consumers. Each test also runs against Apache Kafka
 import json
 import time
 
+import pytest
+from cluster import Cluster, create, metadata
+from conftest import TARGET
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from support import java
+from support import java, wait_until
 
 
 def _create(bootstrap, topic, partitions):
@@ -132,3 +135,69 @@ def test_transactional_errors(broker):
         raise AssertionError("init_transactions accepted a timeout above the maximum")
     except KafkaException as e:
         assert e.args[0].name() == "INVALID_TRANSACTION_TIMEOUT", e
+
+
+def _java_hash_partition(key, partitions):
+    """Kafka's partition of a transactional id: abs(String.hashCode) % partitions."""
+    h = 0
+    units = key.encode("utf-16-be")
+    for u in (int.from_bytes(units[i : i + 2], "big") for i in range(0, len(units), 2)):
+        h = (31 * h + u) & 0xFFFFFFFF
+    if h >= 1 << 31:
+        h -= 1 << 32
+    return (0 if h == -(1 << 31) else abs(h)) % partitions
+
+
+@pytest.mark.skipif(TARGET != "ferrolog", reason="starts three ferrolog nodes")
+def test_transactions_in_a_cluster_across_a_coordinator_kill(tmp_path):
+    """Three nodes, a replicated topic whose partitions other nodes lead (markers go there
+    over the node-to-node transport) and a replicated __transaction_state. A transaction is
+    left open when the node coordinating its id is killed with -9: the next producer of the
+    id, at the new coordinator, fences and aborts it, and read_committed never shows it."""
+    cluster = Cluster(tmp_path).start()
+    try:
+        txn_id, topic, partitions = "txn-cluster", "txn-cluster", 6
+        bootstrap = cluster.bootstrap()
+        wait_until(lambda: create(cluster, 1, topic, partitions, rf=3) in (0, 36), "topic created")
+        def led():
+            t = metadata(1, cluster, topic).topics.get(topic)
+            return t is not None and all(t.partitions[p].leader > 0 for p in range(partitions))
+
+        wait_until(led, "every partition has a leader")
+
+        def producer():
+            p = Producer({"bootstrap.servers": bootstrap, "transactional.id": txn_id})
+            p.init_transactions(120)
+            return p
+
+        def send(p, prefix, n):
+            p.begin_transaction()
+            for i in range(n):
+                p.produce(topic, value=f"{prefix}-{i}".encode(), partition=i % partitions)
+            p.flush(60)
+
+        p = producer()
+        send(p, "c1", 30)
+        p.commit_transaction(60)
+        send(p, "a2", 12)
+        p.abort_transaction(60)
+        send(p, "open3", 12)  # left open: its coordinator dies next
+        state = metadata(1, cluster, "__transaction_state").topics["__transaction_state"]
+        coordinator = state.partitions[_java_hash_partition(txn_id, len(state.partitions))].leader
+        assert coordinator in cluster.nodes, state
+        cluster.nodes[coordinator].kill9()
+        bootstrap = cluster.bootstrap()
+
+        p = producer()  # at the new coordinator: fences and aborts open3 first
+        send(p, "c4", 12)
+        p.commit_transaction(60)
+        committed = _read(bootstrap, topic, partitions, "read_committed")
+        expected = [f"c1-{i}" for i in range(30)] + [f"c4-{i}" for i in range(12)]
+        assert sorted(committed) == sorted(expected)
+        uncommitted = _read(bootstrap, topic, partitions, "read_uncommitted")
+        for prefix, n in (("a2", 12), ("open3", 12)):
+            assert sorted(v for v in uncommitted if v.startswith(prefix + "-")) == sorted(
+                f"{prefix}-{i}" for i in range(n)
+            )
+    finally:
+        cluster.kill()

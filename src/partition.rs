@@ -91,7 +91,7 @@ impl OffsetsLog for Partition {
         batch: &Bytes,
         now_ms: i64,
     ) -> LocalBoxFuture<'static, Result<Appended, BrokerError>> {
-        let written = self.append(batch, false, now_ms);
+        let written = self.append(batch, false, None, now_ms);
         let partition = self.clone();
         async move { written?.finish(&partition.log, true).await }.boxed_local()
     }
@@ -261,11 +261,14 @@ impl Partition {
 
     /// Validates one produced batch and appends it. Synchronous: the caller awaits what acks
     /// asks for separately (`AppendStep::finish`). `transactional_id` tells whether the
-    /// request named one (Kafka checks it before it looks at transactional batches).
+    /// request named one (Kafka checks it before it looks at transactional batches); a
+    /// transactional batch that opens a transaction here must carry the guard of its
+    /// verification (`verification_guard`).
     pub fn append(
         &self,
         records: &Bytes,
         transactional_id: bool,
+        guard: Option<u64>,
         now_ms: i64,
     ) -> Result<AppendStep, BrokerError> {
         if let Some(e) = self.log.failure() {
@@ -361,6 +364,11 @@ impl Partition {
             SequenceCheck::StaleEpoch => return Err(BrokerError::InvalidProducerEpoch),
             SequenceCheck::TxnOpen => return Err(BrokerError::InvalidTxnState),
         }
+        if header.is_transactional() && !self.producers.borrow().verified(&header, guard) {
+            // Not verified with the coordinator, or a marker came since: the batch would open
+            // a transaction the coordinator does not know of, which nothing would close.
+            return Err(BrokerError::InvalidTxnState);
+        }
         let mut bytes = BytesMut::from(&records[..]);
         let log_append_time_ms = if settings.log_append_time {
             restamp(&mut bytes, ATTR_TIMESTAMP_LOG_APPEND, now_ms);
@@ -375,6 +383,19 @@ impl Partition {
         };
         self.replication
             .append(&self.producers, bytes, &header, log_append_time_ms, now_ms)
+    }
+
+    /// Before a transactional batch of `producer_id` opens a transaction here, its
+    /// coordinator is asked whether this partition is in it (KIP-890 part 1); the guard
+    /// returned goes with the batch (`append`). None: a transaction of the producer is open
+    /// here already, nothing to ask.
+    pub fn verification_guard(&self, producer_id: i64) -> Result<Option<u64>, BrokerError> {
+        if !self.is_leader() {
+            return Err(BrokerError::NotLeaderOrFollower);
+        }
+        self.replication
+            .ready(&self.producers, self.log.end_offset())?;
+        Ok(self.producers.borrow_mut().verification_guard(producer_id))
     }
 
     /// Writes a transaction marker the coordinator asks for (WriteTxnMarkers): a control
@@ -412,7 +433,7 @@ impl Partition {
     /// log start).
     pub fn last_stable_offset(&self) -> i64 {
         let hw = self.high_watermark();
-        match self.producers.borrow_mut().first_unstable(hw) {
+        match self.replication.first_unstable(&self.producers, hw) {
             Some(first) => first.max(self.log_start()).min(hw),
             None => hw,
         }

@@ -66,6 +66,10 @@ struct ProducerEntry {
     /// The coordinator epoch of the last marker (-1: none yet).
     #[serde(default = "no_coordinator_epoch")]
     coordinator_epoch: i32,
+    /// Its last closed transaction here, (first offset, marker offset): a snapshot that ends
+    /// between the two has it open (`below`).
+    #[serde(default)]
+    last_closed: Option<(i64, i64)>,
 }
 
 fn no_coordinator_epoch() -> i32 {
@@ -113,8 +117,16 @@ pub struct ProducerStates {
     #[serde(skip)]
     open: BTreeMap<i64, i64>,
     /// Closed transactions whose marker the HW may not have passed yet (`first_unstable`).
-    #[serde(default)]
+    #[serde(skip)]
     closing: VecDeque<ClosedTxn>,
+    /// Per producer id, the guard of a verification with its coordinator under way (KIP-890
+    /// part 1): a transactional batch that opens a transaction here must carry it, and any
+    /// marker of the producer takes it away, so a batch verified before an abort cannot open
+    /// a transaction after it.
+    #[serde(skip)]
+    guards: HashMap<i64, u64>,
+    #[serde(skip)]
+    next_guard: u64,
 }
 
 fn in_sequence(last_seq: i32, next_first: i32) -> bool {
@@ -134,7 +146,9 @@ impl ProducerStates {
             return SequenceCheck::StaleEpoch;
         }
         if h.producer_epoch > entry.epoch {
-            return if h.base_sequence == 0 {
+            return if entry.txn_first.is_some() && !h.is_transactional() {
+                SequenceCheck::TxnOpen
+            } else if h.base_sequence == 0 {
                 SequenceCheck::Accept
             } else {
                 SequenceCheck::OutOfOrder
@@ -156,6 +170,34 @@ impl ProducerStates {
             _ if entry.txn_first.is_some() && !h.is_transactional() => SequenceCheck::TxnOpen,
             _ => SequenceCheck::Accept,
         }
+    }
+
+    /// The guard a transactional batch of `producer_id` must carry to open a transaction
+    /// here, once its coordinator has said the partition is in it; None when one is open
+    /// here already (nothing to verify).
+    pub fn verification_guard(&mut self, producer_id: i64) -> Option<u64> {
+        if self
+            .producers
+            .get(&producer_id)
+            .is_some_and(|e| e.txn_first.is_some())
+        {
+            return None;
+        }
+        let next = &mut self.next_guard;
+        Some(*self.guards.entry(producer_id).or_insert_with(|| {
+            *next += 1;
+            *next
+        }))
+    }
+
+    /// Whether transactional batch `h` may be appended with `guard`: it goes on an open
+    /// transaction here, or it carries the producer's current guard.
+    pub fn verified(&self, h: &BatchHeader, guard: Option<u64>) -> bool {
+        let open = self
+            .producers
+            .get(&h.producer_id)
+            .is_some_and(|e| e.txn_first.is_some());
+        open || (guard.is_some() && self.guards.get(&h.producer_id) == guard.as_ref())
     }
 
     /// Checks a marker the coordinator asks for against the producer's epochs.
@@ -193,6 +235,7 @@ impl ProducerStates {
 
     /// The marker at `h` closes its producer's open transaction, if any.
     fn close(&mut self, h: &BatchHeader, marker: Marker) -> Option<ClosedTxn> {
+        self.guards.remove(&h.producer_id);
         self.clock += 1;
         let clock = self.clock;
         let entry = self
@@ -206,6 +249,7 @@ impl ProducerStates {
         entry.coordinator_epoch = marker.coordinator_epoch;
         entry.last_used = clock;
         let first_offset = entry.txn_first.take()?;
+        entry.last_closed = Some((first_offset, h.base_offset));
         self.open.remove(&first_offset);
         let closed = ClosedTxn {
             producer_id: h.producer_id,
@@ -238,12 +282,17 @@ impl ProducerStates {
     /// open transaction, or of a closed one whose marker is at or past `hw`. The LSO is this
     /// or `hw`, whichever is lower.
     pub fn first_unstable(&mut self, hw: i64) -> Option<i64> {
-        while self.closing.front().is_some_and(|c| c.last_offset < hw) {
-            self.closing.pop_front();
-        }
+        self.forget_closed_below(hw);
         let open = self.open.keys().next().copied();
         let closing = self.closing.iter().map(|c| c.first_offset).min();
         open.into_iter().chain(closing).min()
+    }
+
+    /// Forgets the closed transactions whose marker is below `hw`: they hold nothing back.
+    pub fn forget_closed_below(&mut self, hw: i64) {
+        while self.closing.front().is_some_and(|c| c.last_offset < hw) {
+            self.closing.pop_front();
+        }
     }
 
     /// Whether any transaction is open here.
@@ -313,6 +362,7 @@ impl ProducerEntry {
             last_used: clock,
             txn_first: None,
             coordinator_epoch: -1,
+            last_closed: None,
         }
     }
 }
@@ -364,10 +414,11 @@ pub fn marker_batch(
 impl ProducerStates {
     /// What a Raft snapshot ending at `offset` carries: each producer's batches below it (a
     /// producer keeps batches of its current epoch only) and its transaction if that opened
-    /// below it. The entries after the snapshot are applied again on top of it, which gives
-    /// this state back; before they are, a replica takes no produce requests
-    /// (`Replica::ready`). (A snapshot is taken where the state was applied up to, so no
-    /// transaction closed after `offset` is missing here.)
+    /// below it and had not closed there. The entries after the snapshot are applied again
+    /// on top of it, which gives this state back; before they are, a replica takes no produce
+    /// requests (`Replica::ready`). (Of the transactions closed at or after `offset`, only
+    /// each producer's last is known here: a snapshot ends at most a little below the
+    /// applied state it is taken from.)
     pub fn below(&self, offset: i64) -> ProducerStates {
         let producers = self
             .producers
@@ -379,7 +430,12 @@ impl ProducerStates {
                     .filter(|b| b.base_offset < offset)
                     .copied()
                     .collect();
-                let txn_first = entry.txn_first.filter(|&first| first < offset);
+                // Open then, if it opened below `offset` and closed at or after it.
+                let reopened = entry
+                    .last_closed
+                    .filter(|&(first, at)| first < offset && offset <= at)
+                    .map(|(first, _)| first);
+                let txn_first = entry.txn_first.filter(|&first| first < offset).or(reopened);
                 if batches.is_empty() && txn_first.is_none() {
                     return None;
                 }
@@ -399,9 +455,10 @@ impl ProducerStates {
         .reindex()
     }
 
-    /// The state as a Raft snapshot carries it, compactly (at most 151 bytes a producer):
+    /// The state as a Raft snapshot carries it, compactly (at most 167 bytes a producer):
     /// version 4, the clock, the producer count, then per producer its id, epoch, last use,
-    /// open transaction's first offset (-1: none), coordinator epoch, and its batches (count,
+    /// open transaction's first offset (-1: none), coordinator epoch, last closed transaction
+    /// (first and marker offsets, -1 and -1: none), and its batches (count,
     /// then first and last sequence, base offset, timestamp each). Version 1 had no
     /// transaction fields.
     pub fn encode(&self) -> bytes::Bytes {
@@ -415,6 +472,9 @@ impl ProducerStates {
             out.put_u64(entry.last_used);
             out.put_i64(entry.txn_first.unwrap_or(-1));
             out.put_i32(entry.coordinator_epoch);
+            let (closed_first, closed_at) = entry.last_closed.unwrap_or((-1, -1));
+            out.put_i64(closed_first);
+            out.put_i64(closed_at);
             out.put_u8(u8::try_from(entry.batches.len()).expect("at most five batches"));
             for b in &entry.batches {
                 out.put_i32(b.first_seq);
@@ -444,7 +504,7 @@ impl ProducerStates {
             STATE_VERSION_1 => false,
             _ => return Err(StateError(format!("unknown version {version}"))),
         };
-        let fixed = if with_txns { 31 } else { 19 };
+        let fixed = if with_txns { 47 } else { 19 };
         let clock = b.get_u64();
         let count = b.get_u32() as usize;
         // Each producer takes at least `fixed` bytes: a count beyond them is damage.
@@ -453,9 +513,14 @@ impl ProducerStates {
         for _ in 0..count {
             need(b, fixed)?;
             let (id, epoch, last_used) = (b.get_i64(), b.get_i16(), b.get_u64());
-            let (txn_first, coordinator_epoch) = match with_txns {
-                true => (b.get_i64(), b.get_i32()),
-                false => (-1, -1),
+            let (txn_first, coordinator_epoch, closed) = match with_txns {
+                true => (b.get_i64(), b.get_i32(), (b.get_i64(), b.get_i64())),
+                false => (-1, -1, (-1, -1)),
+            };
+            let last_closed = match closed {
+                (-1, -1) => None,
+                (first, at) if 0 <= first && first <= at => Some((first, at)),
+                _ => return Err(StateError(format!("producer {id} closed {closed:?}"))),
             };
             if txn_first < -1 {
                 return Err(StateError(format!("producer {id} opened at {txn_first}")));
@@ -479,6 +544,7 @@ impl ProducerStates {
                 last_used,
                 txn_first: (txn_first >= 0).then_some(txn_first),
                 coordinator_epoch,
+                last_closed,
             };
             if producers.insert(id, entry).is_some() {
                 return Err(StateError(format!("producer {id} twice")));
@@ -660,8 +726,29 @@ mod tests {
             s.apply(&txn(3, 0, i, 1, 4 + i64::from(i)), None);
         }
         s.apply(&txn(5, 2, 0, 1, 20), None);
+        // Producer 6's transaction opened at 1 and closed at 8: open at 6.
+        s.apply(&txn(6, 0, 0, 1, 1), None);
+        let (m, k) = marker(6, 0, false, 0, 8);
+        s.apply(&m, k);
+        assert_eq!(
+            s.clone().below(9).first_unstable(100),
+            Some(4),
+            "closed by then"
+        );
         let below = s.clone().below(6);
-        assert_eq!(below.clone().first_unstable(100), Some(4));
+        assert_eq!(
+            below.clone().first_unstable(100),
+            Some(1),
+            "6's is open at 6"
+        );
+        let below = below.reindex();
+        assert_eq!(
+            below.producers[&6].txn_first,
+            Some(1),
+            "a snapshot at 6 has 6's transaction open"
+        );
+        let below = s.clone().below(6);
+        assert_eq!(below.producers[&3].txn_first, Some(4));
         assert!(!below.producers.contains_key(&5), "opened after the end");
         let back = ProducerStates::decode(&s.encode()).expect("decodes");
         assert_eq!(back.clone().first_unstable(100), Some(4));

@@ -92,6 +92,14 @@ pub enum Forwarded {
         coordinator_epoch: i32,
         partitions: Vec<(String, i32)>,
     },
+    /// A partition leader asks a transaction coordinator whether a partition is in a
+    /// producer's open transaction (KIP-890 part 1, `txn::verify`).
+    VerifyTxn {
+        transactional_id: String,
+        producer_id: i64,
+        epoch: i16,
+        partition: (String, i32),
+    },
 }
 
 /// The controller leader's answer to a forwarded request: per item, a value or the Kafka
@@ -412,6 +420,17 @@ async fn serve_forwarded(shard: &Rc<Shard>, payload: &[u8]) -> Result<Bytes, Str
             Ok(Bytes::new())
         }
         Forwarded::CreateTopics(specs) => Ok(reply(create_topics(shard, specs, false).await)),
+        Forwarded::VerifyTxn {
+            transactional_id,
+            producer_id,
+            epoch,
+            partition,
+        } => {
+            let verified =
+                crate::txn::verify_here(shard, transactional_id, producer_id, epoch, partition)
+                    .await;
+            Ok(reply(vec![verified]))
+        }
         Forwarded::WriteTxnMarkers {
             producer_id,
             producer_epoch,

@@ -201,3 +201,63 @@ def test_transactions_in_a_cluster_across_a_coordinator_kill(tmp_path):
             )
     finally:
         cluster.kill()
+
+
+def test_a_partition_not_in_the_transaction_is_refused(broker):
+    """KIP-890 part 1, on the wire: a transactional batch to a partition the transaction did
+    not add is INVALID_TXN_STATE, and so is one that arrives after its transaction was
+    aborted (a late retry), so no transaction nobody will close is opened there and the
+    read_committed end offset does not stall."""
+    import kafka_wire as w
+
+    topic, txn_id = "txn-verify", "txn-verify-id"
+    _create(broker.bootstrap, topic, 1)
+    with w.Connection(broker.bootstrap) as conn:
+
+        def call(api_key, version, body):
+            return w.Reader(conn.request(api_key, version, body))
+
+        # FindCoordinator v1, key type 1, until __transaction_state exists and is led.
+        deadline = time.monotonic() + 30
+        while True:
+            r = call(w.FIND_COORDINATOR, 1, w.string(txn_id) + w.i8(1))
+            r.i32()
+            if r.i16() == w.NONE or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        while True:  # InitProducerId v1 with the transactional id
+            r = call(w.INIT_PRODUCER_ID, 1, w.init_producer_id_v0(txn_id))
+            r.i32()
+            error, pid, epoch = r.i16(), r.i64(), r.i16()
+            if error == w.NONE or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert error == w.NONE, error
+
+        def produce(seq):
+            batch = w.record_batch([b"v"], producer_id=pid, producer_epoch=epoch, base_sequence=seq, attributes=0x10)
+            body = w.produce_v7({topic: {0: batch}}, transactional_id=txn_id)
+            return w.parse_produce(conn.request(w.PRODUCE, 7, body), 7)[(topic, 0)]["error_code"]
+
+        assert produce(0) == 48, "INVALID_TXN_STATE before AddPartitionsToTxn"
+        topics = w.array([w.string(topic) + w.array([w.i32(0)])])
+        add = call(24, 1, w.string(txn_id) + w.i64(pid) + w.i16(epoch) + topics)  # AddPartitionsToTxn v1
+        add.i32()
+        results = add.array(lambda r: (r.string(), r.array(lambda r: (r.i32(), r.i16()))))
+        assert results == [(topic, [(0, w.NONE)])], results
+        assert produce(0) == w.NONE
+        end = call(26, 1, w.string(txn_id) + w.i64(pid) + w.i16(epoch) + w.boolean(False))  # EndTxn v1, abort
+        end.i32()
+        assert end.i16() == w.NONE
+        c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "txn-verify", "isolation.level": "read_committed"})
+        try:
+
+            def committed_end():
+                return c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)[1]
+
+            wait_until(lambda: committed_end() == 2, "read_committed's end passes the aborted batch and its marker")
+            late = produce(1)
+            assert late == 48, f"a late batch after the abort opens nothing: {late}"
+            assert committed_end() == 2
+        finally:
+            c.close()

@@ -1259,15 +1259,9 @@ impl<F: Fs> Log<F> {
             let config = st.config.clone();
             let seg = &mut st.segments[keep];
             seg.renew_generation();
-            let aborted: Vec<AbortedTxn> = seg
-                .aborted
-                .iter()
-                .filter(|e| e.last_offset < offset)
-                .copied()
-                .collect();
             (
                 doomed,
-                (seg.base_offset, seg.position_for(offset), aborted),
+                (seg.base_offset, seg.position_for(offset)),
                 config,
                 seg.closed,
             )
@@ -1277,12 +1271,8 @@ impl<F: Fs> Log<F> {
         // entries back behind a hole. (A file system may keep any subset of the unsynced
         // deletions of a directory, so one sync after all of them is not enough.)
         self.delete_newest_first(&doomed).await?;
-        let (base, scan_from, aborted) = keep;
+        let (base, scan_from) = keep;
         let mut seg = Segment::new(&self.dir, base, now_ms);
-        // Those below the cut; the flusher writes the file again before anything appended
-        // from here on is durable.
-        seg.aborted = aborted;
-        seg.aborted_synced = false;
         if was_closed && !unfix::undone(unfix::STALE_INDEXES) {
             // A closed segment's index files describe batches about to go: they go first,
             // durably, or a power loss could bring them back beside the cut log file.
@@ -1321,7 +1311,13 @@ impl<F: Fs> Log<F> {
             )));
         }
         let mut st = self.state.borrow_mut();
-        *st.segments.last_mut().expect("kept segment") = seg;
+        let kept = st.segments.last_mut().expect("kept segment");
+        // Its aborted transactions below the cut, those recorded while this awaited too; the
+        // flusher writes the file again before anything appended from here on is durable.
+        seg.aborted = std::mem::take(&mut kept.aborted);
+        seg.aborted.retain(|e| e.last_offset < offset);
+        seg.aborted_synced = false;
+        *kept = seg;
         lower_end(&mut st, offset);
         for (_, tx) in st.durable_waiters.drain(..) {
             let _ = tx.send(Err(LogError::Truncated));

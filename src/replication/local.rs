@@ -81,6 +81,7 @@ impl Local {
         if let Some(closed) = producers.apply(&header, marker).filter(|c| c.aborted) {
             self.log.add_aborted(producers.aborted_entry(&closed));
         }
+        producers.forget_closed_below(self.log.durable_offset());
         Ok(Appended {
             base_offset: info.base_offset,
             end_offset: info.last_offset + 1,

@@ -225,6 +225,17 @@ impl Replication {
         }
     }
 
+    /// The first offset read_committed consumers may not read yet
+    /// (`ProducerStates::first_unstable`): from a local partition's producer state; from a
+    /// Raft replica's applied state, as everything below its HW is applied (its leader's own
+    /// `producers` runs ahead with proposals, and is stale until its first write of a term).
+    pub fn first_unstable(&self, producers: &RefCell<ProducerStates>, hw: i64) -> Option<i64> {
+        match self {
+            Replication::Local(_) => producers.borrow_mut().first_unstable(hw),
+            Replication::Raft(r) => r.applied_first_unstable(hw),
+        }
+    }
+
     /// Checks this replica may take produce requests now; a Raft leader resets `producers`
     /// from its applied state at the start of each term.
     pub fn ready(

@@ -477,6 +477,8 @@ impl<H: Host> Replica<H> {
                     if let Some(closed) = producers.apply(&header, marker).filter(|c| c.aborted) {
                         log.add_aborted(producers.aborted_entry(&closed));
                     }
+                    // Applied is committed: a marker here holds nothing back.
+                    producers.forget_closed_below(base + 1);
                 }
             })
         };
@@ -496,7 +498,10 @@ impl<H: Host> Replica<H> {
                 SnapshotState {
                     log_start_wanted,
                     producers,
-                    aborted: log.aborted_unsynced(next),
+                    // All not on disk yet, those past `next` too: a snapshot may end below
+                    // the applied state, and a marker after its end may close a transaction
+                    // that began before it.
+                    aborted: log.aborted_unsynced(i64::MAX),
                 }
                 .encode()
             })
@@ -733,6 +738,12 @@ impl<H: Host> Replica<H> {
             }
             Runtime::<H>::sleep(LOG_START_POLL).await;
         }
+    }
+
+    /// The first offset of a transaction open in the applied state, for the LSO
+    /// (`Replication::first_unstable`).
+    pub fn applied_first_unstable(&self, hw: i64) -> Option<i64> {
+        self.applied_producers.borrow_mut().first_unstable(hw)
     }
 
     /// Offset after the last committed batch.

@@ -363,9 +363,10 @@ where
         + Send
         + 'static,
 {
-    if transactional_id.is_empty() {
+    if transactional_id.is_empty() || transactional_id.len() > i16::MAX as usize {
+        // Its record keeps it as an int16-length string.
         return Err(BrokerError::InvalidRequest(
-            "transactional id must not be empty".into(),
+            "transactional id must be 1 to 32767 bytes".into(),
         ));
     }
     let image = shard.image();
@@ -565,7 +566,8 @@ pub async fn init_producer_id(
                     // Fence the producer of the open transaction and abort it; the caller
                     // retries and gets the epoch after.
                     let fenced = TxnValue {
-                        producer_epoch: v.producer_epoch.saturating_add(1).min(EPOCH_MAX),
+                        // Kafka fences an exhausted epoch with i16::MAX.
+                        producer_epoch: v.producer_epoch.saturating_add(1),
                         state: TxnState::PrepareAbort,
                         last_update_ms: now,
                         ..v.clone()
@@ -577,7 +579,10 @@ pub async fn init_producer_id(
             }
             let (producer_id, epoch, last_epoch) = if v.producer_epoch >= EPOCH_MAX {
                 (allocate_producer_id(&shard).await?, 0, -1)
-            } else if req.producer_epoch < 0 || req.producer_epoch == v.producer_epoch {
+            } else if req.producer_epoch < 0 {
+                // A new producer of the id: no earlier epoch of its own to retry with.
+                (v.producer_id, v.producer_epoch + 1, -1)
+            } else if req.producer_epoch == v.producer_epoch {
                 (v.producer_id, v.producer_epoch + 1, v.producer_epoch)
             } else if req.producer_epoch == txn.last_epoch {
                 return Ok((v.producer_id, v.producer_epoch)); // a retry, answered again
@@ -727,6 +732,64 @@ pub async fn end_txn(
     .await
 }
 
+/// KIP-890 part 1: whether `partition` is in the open transaction of `transactional_id`'s
+/// producer `producer_id` at `epoch` (INVALID_TXN_STATE if not, PRODUCER_FENCED for another
+/// epoch, INVALID_PRODUCER_ID_MAPPING for another producer), asked of its coordinator here
+/// or on the node that leads its partition of `__transaction_state`.
+pub async fn verify(
+    shard: &Rc<Shard>,
+    transactional_id: String,
+    producer_id: i64,
+    epoch: i16,
+    partition: (String, i32),
+) -> Result<(), BrokerError> {
+    let image = shard.image();
+    let topic = image
+        .topic(TRANSACTION_TOPIC)
+        .ok_or(BrokerError::NotCoordinator)?;
+    let index = partition_for(&transactional_id, topic.partitions);
+    let leader = topic
+        .leader(index, &image)
+        .ok_or(BrokerError::NotCoordinator)?;
+    if leader != shard.config.node_id {
+        let request = crate::quorum::Forwarded::VerifyTxn {
+            transactional_id,
+            producer_id,
+            epoch,
+            partition,
+        };
+        let ttl = Duration::from_secs(10);
+        return crate::quorum::forward_to_node(shard, leader, request, 1, ttl)
+            .await
+            .remove(0);
+    }
+    verify_here(shard, transactional_id, producer_id, epoch, partition).await
+}
+
+/// `verify` at this node's coordinator (NOT_COORDINATOR if it is not the id's).
+pub async fn verify_here(
+    shard: &Rc<Shard>,
+    transactional_id: String,
+    producer_id: i64,
+    epoch: i16,
+    partition: (String, i32),
+) -> Result<(), BrokerError> {
+    let id = transactional_id.clone();
+    on_txn(shard, &id, move |shard, _| {
+        async move {
+            let txns = shard.txns.borrow();
+            let txn = check_producer(txns.txns.get(&transactional_id), producer_id, epoch)?;
+            let v = &txn.value;
+            match v.state == TxnState::Ongoing && v.partitions.contains(&partition) {
+                true => Ok(()),
+                false => Err(BrokerError::InvalidTxnState),
+            }
+        }
+        .boxed_local()
+    })
+    .await
+}
+
 /// Takes the transaction of `id` (on this shard) to its end: one past its timeout is first
 /// prepared to abort under a bumped epoch (fencing its producer); a prepared one gets its
 /// markers written, then its completion persisted.
@@ -743,16 +806,22 @@ async fn finish(shard: &Rc<Shard>, id: &str) -> Result<(), BrokerError> {
     check_coordinator(shard, &partition).await?;
     claim(shard, id)?;
     let _busy = Busy { shard, id };
-    let mut value = shard.txns.borrow().txns[id].value.clone();
-    let last_epoch = shard.txns.borrow().txns[id].last_epoch;
+    let (mut value, last_epoch) = match shard.txns.borrow().txns.get(id) {
+        Some(t) => (t.value.clone(), t.last_epoch),
+        None => return Err(BrokerError::NotCoordinator),
+    };
     if value.state == TxnState::Ongoing {
+        // Looked at again now that it is claimed: a transaction begun since is not late.
+        if value.start_ms + i64::from(value.timeout_ms) >= now_ms() {
+            return Ok(());
+        }
         tracing::info!(
             id,
             timeout_ms = value.timeout_ms,
             "aborting a transaction past its timeout"
         );
         value = TxnValue {
-            producer_epoch: value.producer_epoch.saturating_add(1).min(EPOCH_MAX),
+            producer_epoch: value.producer_epoch.saturating_add(1),
             state: TxnState::PrepareAbort,
             last_update_ms: now_ms(),
             ..value
@@ -786,15 +855,17 @@ async fn finish(shard: &Rc<Shard>, id: &str) -> Result<(), BrokerError> {
             match result {
                 Ok(()) => {}
                 // Gone with its topic: nothing to close there.
-                Err(BrokerError::UnknownTopicOrPartition)
-                    if shard
-                        .image()
-                        .topic(&tp.0)
-                        .is_none_or(|t| tp.1 >= t.partitions) => {}
-                Err(
-                    e @ (BrokerError::InvalidProducerEpoch
-                    | BrokerError::TransactionCoordinatorFenced),
-                ) => {
+                // By code: another node's answers come back as codes.
+                Err(e)
+                    if e.code() == BrokerError::UnknownTopicOrPartition.code()
+                        && shard
+                            .image()
+                            .topic(&tp.0)
+                            .is_none_or(|t| tp.1 >= t.partitions) => {}
+                Err(e)
+                    if e.code() == BrokerError::InvalidProducerEpoch.code()
+                        || e.code() == BrokerError::TransactionCoordinatorFenced.code() =>
+                {
                     tracing::warn!(id, topic = tp.0, partition = tp.1, error = %e,
                         "a partition refused the transaction's marker; leaving it to a newer coordinator");
                     return Err(e);

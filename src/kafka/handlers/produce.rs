@@ -34,7 +34,8 @@ pub async fn start(
     req: ProduceRequest,
 ) -> LocalBoxFuture<'static, Reply<ProduceResponse>> {
     let acks = req.acks;
-    let transactional = req.transactional_id.is_some();
+    let transactional_id = req.transactional_id.as_ref().map(|id| id.0.to_string());
+    let transactional = transactional_id.is_some();
     let image = ctx.shard.image();
     let now = now_ms();
     let mut topics = Vec::with_capacity(req.topic_data.len());
@@ -63,10 +64,16 @@ pub async fn start(
                     ctx.shard.owner_of(&image, &tp).map(|owner| (owner, tp))
                 }
             };
-            let pending = match owner {
+            let records = p.records.unwrap_or_default();
+            // A transactional batch that opens a transaction on its partition is first
+            // verified with the transaction coordinator (KIP-890 part 1).
+            let guard = match (&owner, &transactional_id) {
+                (Ok((owner, tp)), Some(id)) => verify(&ctx, *owner, tp, id, &records).await,
+                _ => Ok(None),
+            };
+            let pending = match owner.and_then(|o| guard.map(|g| (o, g))) {
                 Err(e) => Pending::Done(Err(e)),
-                Ok((owner, tp)) => {
-                    let records = p.records.unwrap_or_default();
+                Ok(((owner, tp), guard)) => {
                     let job = move |shard: &Rc<Shard>| -> LocalBoxFuture<'static, PartitionResult> {
                         let Some(partition) = shard.partition(&tp) else {
                             return async { Err(BrokerError::UnknownTopicOrPartition) }
@@ -82,7 +89,7 @@ pub async fn start(
                             // Fewer replicas in sync than min.insync.replicas.
                             Err(BrokerError::NotEnoughReplicas)
                         } else {
-                            partition.append(&records, transactional, now)
+                            partition.append(&records, transactional, guard, now)
                         };
                         async move {
                             // acks=all waits for the HW (unreplicated: fsync; replicated:
@@ -131,6 +138,65 @@ pub async fn start(
         Reply::Send(ProduceResponse::default().with_responses(responses))
     }
     .boxed_local()
+}
+
+/// KIP-890 part 1 for the batch `records` of a request with transactional id `id` to `tp`
+/// (owned by shard `owner`): when it is transactional and no transaction of its producer is
+/// open on the partition, asks the coordinator whether the partition is in the producer's
+/// transaction, and returns the guard to append it with. Kafka's answers to a producer:
+/// INVALID_TXN_STATE when it is not, INVALID_PRODUCER_EPOCH when the producer is fenced, and
+/// NOT_ENOUGH_REPLICAS (retriable) when the coordinator cannot say now.
+async fn verify(
+    ctx: &Rc<RequestContext>,
+    owner: crate::types::ShardId,
+    tp: &TopicPartition,
+    id: &str,
+    records: &bytes::Bytes,
+) -> Result<Option<u64>, BrokerError> {
+    let Ok(header) = ferrolog_io::batch::BatchHeader::parse(records) else {
+        return Ok(None); // refused by the append
+    };
+    if !header.is_transactional() || header.is_control() || !header.has_producer_id() {
+        return Ok(None);
+    }
+    let producer_id = header.producer_id;
+    let at = tp.clone();
+    let guard = ctx
+        .shard
+        .invoke_on(owner, move |s| {
+            let guard = match s.partition(&at) {
+                Some(p) => p.verification_guard(producer_id),
+                None => Err(BrokerError::UnknownTopicOrPartition),
+            };
+            async move { guard }.boxed_local()
+        })
+        .await?;
+    let Some(guard) = guard else {
+        return Ok(None);
+    };
+    let verified = crate::txn::verify(
+        &ctx.shard,
+        id.to_string(),
+        producer_id,
+        header.producer_epoch,
+        (tp.topic.clone(), tp.partition),
+    )
+    .await;
+    match verified {
+        Ok(()) => Ok(Some(guard)),
+        Err(e) => Err(match e.code() {
+            c if c == BrokerError::InvalidTxnState.code() => BrokerError::InvalidTxnState,
+            c if c == BrokerError::ProducerFenced.code()
+                || c == BrokerError::InvalidProducerEpoch.code() =>
+            {
+                BrokerError::InvalidProducerEpoch
+            }
+            c if c == BrokerError::InvalidProducerIdMapping.code() => {
+                BrokerError::InvalidProducerIdMapping
+            }
+            _ => BrokerError::NotEnoughReplicas,
+        }),
+    }
 }
 
 /// One partition's outcome: known at once (an error before any append) or coming from the

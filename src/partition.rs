@@ -428,6 +428,40 @@ impl Partition {
             .append(&self.producers, bytes, &header, -1, now_ms)
     }
 
+    /// Appends a transactional batch a coordinator writes for a producer (the offsets of a
+    /// TxnOffsetCommit in `__consumer_offsets`): it opens the producer's transaction here like
+    /// a produced one, but has no sequence; only the producer's epoch is checked.
+    pub fn append_txn_records(
+        &self,
+        bytes: &Bytes,
+        now_ms: i64,
+    ) -> Result<AppendStep, BrokerError> {
+        if let Some(e) = self.log.failure() {
+            return Err(BrokerError::Storage(e.to_string()));
+        }
+        if !self.is_leader() {
+            return Err(BrokerError::NotLeaderOrFollower);
+        }
+        self.replication
+            .ready(&self.producers, self.log.end_offset())?;
+        let header =
+            BatchHeader::parse(bytes).map_err(|e| BrokerError::InvalidRecord(e.to_string()))?;
+        assert!(
+            header.is_transactional(),
+            "a producer's transactional batch"
+        );
+        self.producers
+            .borrow()
+            .check_epoch(header.producer_id, header.producer_epoch)?;
+        self.replication.append(
+            &self.producers,
+            BytesMut::from(&bytes[..]),
+            &header,
+            -1,
+            now_ms,
+        )
+    }
+
     /// The last stable offset (LSO): read_committed consumers read below it. The HW, or the
     /// first offset of a transaction not yet closed and committed, if lower (never below the
     /// log start).

@@ -200,6 +200,21 @@ impl ProducerStates {
         open || (guard.is_some() && self.guards.get(&h.producer_id) == guard.as_ref())
     }
 
+    /// Checks a coordinator's transactional write for a producer (TxnOffsetCommit's
+    /// offsets) against the producer's epoch: an older one is INVALID_PRODUCER_EPOCH.
+    pub fn check_epoch(
+        &self,
+        producer_id: i64,
+        producer_epoch: i16,
+    ) -> Result<(), crate::errors::BrokerError> {
+        match self.producers.get(&producer_id) {
+            Some(e) if producer_epoch < e.epoch => {
+                Err(crate::errors::BrokerError::InvalidProducerEpoch)
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Checks a marker the coordinator asks for against the producer's epochs.
     pub fn check_marker(
         &self,

@@ -261,3 +261,28 @@ def test_a_partition_not_in_the_transaction_is_refused(broker):
             assert committed_end() == 2
         finally:
             c.close()
+
+
+def test_kafka_transactional_message_copier_copies_exactly_once(broker):
+    """Kafka's own TransactionalMessageCopier (kafka-tools): consume, produce and commit the
+    consumed offsets in one transaction (AddOffsetsToTxn and TxnOffsetCommit, KIP-447), with
+    random aborts, which rewind it to the committed offsets. read_committed sees every
+    input record exactly once in the output, and the group's committed offset is the input's
+    end; a second run from those offsets copies nothing more."""
+    src, dst, n = "txn-copy-in", "txn-copy-out", 1000
+    _create(broker.bootstrap, src, 1)
+    _create(broker.bootstrap, dst, 3)
+    p = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True})
+    for i in range(n):
+        p.produce(src, value=f"in-{i}".encode(), partition=0)
+    assert p.flush(60) == 0
+    for _ in range(2):
+        java("org.apache.kafka.tools.TransactionalMessageCopier", "--broker-list", broker.bootstrap,
+             "--input-topic", src, "--input-partition", 0, "--output-topic", dst,
+             "--consumer-group", "txn-copier", "--transactional-id", "txn-copier",
+             "--transaction-size", 50, "--enable-random-aborts", "--max-messages", -1,
+             timeout_s=240)  # fmt: skip
+    copied = _read(broker.bootstrap, dst, 3, "read_committed")
+    assert sorted(copied) == sorted(f"in-{i}" for i in range(n))
+    out = java("dev.ferrolog.tests.Committed", broker.bootstrap, "txn-copier", src, 1).stdout
+    assert json.loads(out)["0"]["offset"] == n, out

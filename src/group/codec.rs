@@ -523,6 +523,17 @@ pub fn encode_batch(records: &[CoordinatorRecord], now_ms: i64) -> Bytes {
 /// One uncompressed v2 batch of plain key/value records (no producer id, CreateTime
 /// `now_ms`): the form of every internal record ferrolog writes.
 pub fn encode_key_value_batch(records: &[(&[u8], Option<&[u8]>)], now_ms: i64) -> Bytes {
+    encode_key_value_batch_of(records, now_ms, None)
+}
+
+/// `encode_key_value_batch`, as a transactional batch of `producer` (id and epoch) with no
+/// sequence when one is given: the offsets of a transaction (TxnOffsetCommit), as Kafka's
+/// coordinator writes them.
+pub fn encode_key_value_batch_of(
+    records: &[(&[u8], Option<&[u8]>)],
+    now_ms: i64,
+    producer: Option<(i64, i16)>,
+) -> Bytes {
     assert!(!records.is_empty(), "a batch holds at least one record");
     let mut body = BytesMut::new();
     for (i, (key, value)) in records.iter().enumerate() {
@@ -550,13 +561,17 @@ pub fn encode_key_value_batch(records: &[(&[u8], Option<&[u8]>)], now_ms: i64) -
     b.put_i32(0); // partition leader epoch: set by the log
     b.put_i8(2);
     b.put_u32(0); // CRC, below
-    b.put_i16(0); // attributes: uncompressed, CreateTime
+    let (producer_id, epoch, attributes) = match producer {
+        Some((id, epoch)) => (id, epoch, batch::ATTR_TRANSACTIONAL),
+        None => (-1, -1, 0),
+    };
+    b.put_i16(attributes); // uncompressed, CreateTime
     b.put_i32(count - 1);
     b.put_i64(now_ms);
     b.put_i64(now_ms);
-    b.put_i64(-1); // producer id
-    b.put_i16(-1);
-    b.put_i32(-1);
+    b.put_i64(producer_id);
+    b.put_i16(epoch);
+    b.put_i32(-1); // no sequence
     b.put_i32(count);
     b.put_slice(&body);
     let crc = batch::compute_crc(&b);

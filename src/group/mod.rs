@@ -56,6 +56,7 @@ use crate::group::classic::{ClassicGroup, ClassicState, Effects};
 use crate::group::codec::{CoordinatorRecord, OffsetValue};
 use crate::group::consumer::ConsumerGroup;
 use crate::partition::{Appended, Partition};
+use crate::producer_state::marker_of;
 use crate::shard::Shard;
 use crate::types::{now_ms, TopicPartition};
 
@@ -341,6 +342,19 @@ pub struct GroupCoordinator {
     /// live state is not rewritten meanwhile (`snapshot_partitions`), as the rewrite would
     /// put the older value after the pending one in the log.
     offset_writes: HashMap<i32, u32>,
+    /// Per offsets partition and producer id, the offsets of its open transaction
+    /// (TxnOffsetCommit, KIP-447), durable but shown only once its commit marker is written
+    /// there (`complete_txn`), dropped at its abort. The partition is not rewritten while
+    /// any are pending: the rewrite would move the log start past them.
+    txn_offsets: HashMap<i32, BTreeMap<i64, Vec<TxnOffset>>>,
+}
+
+/// One offset of an open transaction: its group, the change, and where it landed.
+#[derive(Debug, Clone)]
+pub struct TxnOffset {
+    group: String,
+    change: OffsetChange,
+    landed_at: i64,
 }
 
 impl GroupCoordinator {
@@ -409,6 +423,7 @@ impl GroupCoordinator {
         self.partitions.remove(&index);
         self.loads.remove(&index);
         self.loaded_epochs.remove(&index);
+        self.txn_offsets.remove(&index);
         self.groups.retain(|_, g| g.partition != index);
     }
 
@@ -581,6 +596,44 @@ impl GroupCoordinator {
             .sum()
     }
 
+    /// Shows or drops the offsets producer `producer_id`'s transaction wrote to partition
+    /// `index`, at its marker (`commit` or abort).
+    fn close_txn(
+        &mut self,
+        index: i32,
+        producer_id: i64,
+        commit: bool,
+        cfg: &GroupConfig,
+        now: i64,
+    ) {
+        let Some(offsets) = self
+            .txn_offsets
+            .get_mut(&index)
+            .and_then(|p| p.remove(&producer_id))
+        else {
+            return;
+        };
+        if !commit {
+            return;
+        }
+        for o in offsets {
+            self.groups
+                .entry(o.group)
+                .or_insert_with(|| Group::offsets_only(index, cfg, now))
+                .apply_offsets(vec![o.change], o.landed_at);
+        }
+    }
+
+    /// Whether an open transaction wrote an offset of `group_id` for `key` (OffsetFetch with
+    /// `require_stable` answers UNSTABLE_OFFSET_COMMIT for it).
+    pub fn has_txn_offset(&self, index: i32, group_id: &str, key: &(String, i32)) -> bool {
+        self.txn_offsets.get(&index).is_some_and(|p| {
+            p.values()
+                .flatten()
+                .any(|o| o.group == group_id && &o.change.0 == key)
+        })
+    }
+
     /// Groups left with neither metadata nor offsets after a replay or a deletion.
     fn drop_vacant(&mut self) {
         self.groups.retain(|_, g| {
@@ -603,7 +656,6 @@ pub async fn load<L: OffsetsLog>(
     now: fn() -> i64,
 ) {
     let started = std::time::Instant::now();
-    let end = log.high_watermark();
     // The log start reads see: a replica that applied a rewrite's log start may not have
     // moved its own log there yet, and reads below it are out of range.
     let start = |log: &L| match unfix::loads_from_the_stored_start() {
@@ -612,7 +664,9 @@ pub async fn load<L: OffsetsLog>(
     };
     let mut offset = start(log);
     let mut records = 0usize;
-    while offset < end {
+    // Up to the HW as it is when the load ends: a transaction's marker written meanwhile is
+    // read here, as `complete_txn` leaves a partition still loading alone.
+    while offset < log.high_watermark() {
         let bytes = match log.read_committed(offset, LOAD_READ_BYTES).await {
             Ok(bytes) => bytes,
             Err(_) if start(log) > offset => {
@@ -652,10 +706,42 @@ pub async fn load<L: OffsetsLog>(
             if !coordinator.is_current_load(index, load) {
                 return; // unloaded (leadership moved, topic deleted) or loading again
             }
-            let decoded = codec::decode_batch(&header, rest, |r| {
-                records += 1;
-                coordinator.replay(index, r, cfg, now);
-            });
+            let decoded = if let Some(marker) = marker_of(&header, rest) {
+                coordinator.close_txn(index, header.producer_id, marker.commit, cfg, now);
+                Ok(())
+            } else if header.is_transactional() {
+                // A transaction's offsets: pending until its marker.
+                let mut pending = Vec::new();
+                let decoded = codec::decode_batch(&header, rest, |r| {
+                    records += 1;
+                    if let CoordinatorRecord::Offset {
+                        group,
+                        topic,
+                        partition,
+                        value,
+                    } = r
+                    {
+                        pending.push(TxnOffset {
+                            group,
+                            change: ((topic, partition), value),
+                            landed_at: header.base_offset,
+                        });
+                    }
+                });
+                coordinator
+                    .txn_offsets
+                    .entry(index)
+                    .or_default()
+                    .entry(header.producer_id)
+                    .or_default()
+                    .extend(pending);
+                decoded
+            } else {
+                codec::decode_batch(&header, rest, |r| {
+                    records += 1;
+                    coordinator.replay(index, r, cfg, now);
+                })
+            };
             if let Err(e) = decoded {
                 tracing::warn!(partition = index, offset = header.base_offset, error = %e,
                     "skipping a batch of the offsets partition that does not decode");
@@ -691,6 +777,81 @@ pub async fn load<L: OffsetsLog>(
         ms = started.elapsed().as_millis() as u64,
         "loaded offsets partition"
     );
+}
+
+/// TxnOffsetCommit (KIP-447): writes `changes` to group `group_id`'s offsets partition
+/// `index` as a transactional batch of producer `producer_id` (epoch `epoch`), and keeps
+/// them pending, once durable, until the transaction's marker shows or drops them
+/// (`complete_txn`).
+#[allow(clippy::too_many_arguments)]
+pub async fn write_txn_offsets(
+    groups: &RefCell<GroupCoordinator>,
+    index: i32,
+    partition: &Rc<Partition>,
+    group_id: &str,
+    producer_id: i64,
+    epoch: i16,
+    changes: Vec<OffsetChange>,
+    now_ms: i64,
+) -> Result<(), BrokerError> {
+    if changes.is_empty() {
+        return Ok(());
+    }
+    let records: Vec<CoordinatorRecord> = changes
+        .iter()
+        .map(|((topic, p), value)| CoordinatorRecord::Offset {
+            group: group_id.to_string(),
+            topic: topic.clone(),
+            partition: *p,
+            value: value.clone(),
+        })
+        .collect();
+    let encoded: Vec<(Bytes, Option<Bytes>)> = records.iter().map(|r| r.encode()).collect();
+    let pairs: Vec<(&[u8], Option<&[u8]>)> = encoded
+        .iter()
+        .map(|(k, v)| (&k[..], v.as_deref()))
+        .collect();
+    let batch = codec::encode_key_value_batch_of(&pairs, now_ms, Some((producer_id, epoch)));
+    let load = groups.borrow().loads.get(&index).copied();
+    let landed = match partition.append_txn_records(&batch, now_ms) {
+        Ok(step) => step.finish(&partition.log, true).await,
+        Err(e) => Err(e),
+    };
+    let landed = landed.map_err(|e| match e {
+        BrokerError::InvalidProducerEpoch => e,
+        e => write_error(e),
+    })?;
+    let mut c = groups.borrow_mut();
+    if !load.is_some_and(|load| c.is_current_load(index, load)) {
+        // Loaded again since: the load found these in the log.
+        return Ok(());
+    }
+    c.txn_offsets
+        .entry(index)
+        .or_default()
+        .entry(producer_id)
+        .or_default()
+        .extend(changes.into_iter().map(|change| TxnOffset {
+            group: group_id.to_string(),
+            change,
+            landed_at: landed.base_offset,
+        }));
+    Ok(())
+}
+
+/// A transaction's marker is durable in offsets partition `index`: its offsets show
+/// (`commit`) or are dropped. A partition still loading finds the marker itself.
+pub fn complete_txn(
+    groups: &RefCell<GroupCoordinator>,
+    cfg: &GroupConfig,
+    index: i32,
+    producer_id: i64,
+    commit: bool,
+) {
+    let mut c = groups.borrow_mut();
+    if c.is_loaded(index) {
+        c.close_txn(index, producer_id, commit, cfg, now_ms());
+    }
 }
 
 /// Offsets partitions: this shard coordinates a partition's groups while it leads it (always,
@@ -1321,7 +1482,13 @@ pub fn rewrite<L: OffsetsLog + 'static>(
     if logged <= 2 * live as i64 + slack {
         return Rewrite::Unneeded;
     }
-    if groups.borrow().offset_writes.get(&index) > Some(&0) {
+    if groups.borrow().offset_writes.get(&index) > Some(&0)
+        || groups
+            .borrow()
+            .txn_offsets
+            .get(&index)
+            .is_some_and(|p| !p.is_empty())
+    {
         return Rewrite::PutOff;
     }
     let records = groups.borrow().live_records(index);

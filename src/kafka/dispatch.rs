@@ -54,9 +54,12 @@ pub const HANDLERS: &[Handler] = &[
     h(ApiKey::DeleteRecords, 0, 2),
     h(ApiKey::InitProducerId, 0, 5),
     // The client's forms of transaction protocol v1: v4+ of AddPartitionsToTxn and v5 of
-    // EndTxn belong to KIP-890 (transaction.version 2), which ferrolog does not serve.
+    // EndTxn and TxnOffsetCommit belong to KIP-890 (transaction.version 2), which ferrolog
+    // does not serve.
     h(ApiKey::AddPartitionsToTxn, 0, 3),
+    h(ApiKey::AddOffsetsToTxn, 0, 4),
     h(ApiKey::EndTxn, 0, 4),
+    h(ApiKey::TxnOffsetCommit, 0, 4),
     h(ApiKey::OffsetForLeaderEpoch, 2, 4),
     h(ApiKey::DescribeConfigs, 1, 4),
     h(ApiKey::AlterConfigs, 0, 2),
@@ -288,6 +291,18 @@ pub async fn start(
             )))
         }
         .boxed_local(),
+        RequestKind::AddOffsetsToTxn(req) => async move {
+            Reply::Send(respond(ResponseKind::AddOffsetsToTxn(
+                handlers::add_offsets_to_txn::handle(ctx, req).await,
+            )))
+        }
+        .boxed_local(),
+        RequestKind::TxnOffsetCommit(req) => async move {
+            Reply::Send(respond(ResponseKind::TxnOffsetCommit(
+                handlers::txn_offset_commit::handle(ctx, req).await,
+            )))
+        }
+        .boxed_local(),
         RequestKind::EndTxn(req) => async move {
             Reply::Send(respond(ResponseKind::EndTxn(
                 handlers::end_txn::handle(ctx, req).await,
@@ -447,7 +462,9 @@ mod tests {
         (ApiKey::DeleteRecords, 0, 2),
         (ApiKey::InitProducerId, 0, 5),
         (ApiKey::AddPartitionsToTxn, 0, 5),
+        (ApiKey::AddOffsetsToTxn, 0, 4),
         (ApiKey::EndTxn, 0, 5),
+        (ApiKey::TxnOffsetCommit, 0, 5),
         (ApiKey::OffsetForLeaderEpoch, 2, 4),
         (ApiKey::DescribeConfigs, 1, 4),
         (ApiKey::AlterConfigs, 0, 2),
@@ -471,8 +488,12 @@ mod tests {
     ];
 
     /// Versions ferrolog does not serve yet, and so stops below Kafka's: KIP-890's
-    /// (transaction.version 2) AddPartitionsToTxn v4-5 and EndTxn v5.
-    const CAPPED: &[(ApiKey, i16)] = &[(ApiKey::AddPartitionsToTxn, 3), (ApiKey::EndTxn, 4)];
+    /// (transaction.version 2) AddPartitionsToTxn v4-5, EndTxn v5 and TxnOffsetCommit v5.
+    const CAPPED: &[(ApiKey, i16)] = &[
+        (ApiKey::AddPartitionsToTxn, 3),
+        (ApiKey::EndTxn, 4),
+        (ApiKey::TxnOffsetCommit, 4),
+    ];
 
     #[test]
     fn table_matches_kafka_41() {

@@ -673,6 +673,28 @@ pub async fn add_partitions(
     .await
 }
 
+/// AddOffsetsToTxn: adds group `group_id`'s partition of `__consumer_offsets` to the
+/// transaction, for its TxnOffsetCommit (KIP-447).
+pub async fn add_offsets(
+    shard: &Rc<Shard>,
+    transactional_id: String,
+    producer_id: i64,
+    epoch: i16,
+    group_id: &str,
+) -> Result<(), BrokerError> {
+    let partitions = shard
+        .image()
+        .topic(crate::group::OFFSETS_TOPIC)
+        .map_or(shard.config.group.offsets_topic_partitions, |t| {
+            t.partitions
+        });
+    let partition = (
+        crate::group::OFFSETS_TOPIC.to_string(),
+        partition_for(group_id, partitions),
+    );
+    add_partitions(shard, transactional_id, producer_id, epoch, vec![partition]).await
+}
+
 /// EndTxn: persists PrepareCommit or PrepareAbort and answers; the markers and the
 /// completion follow in the background (`finish`). A retry of a finished one is answered
 /// again.
@@ -966,8 +988,20 @@ pub async fn write_markers_here(
                         return async { Err(BrokerError::UnknownTopicOrPartition) }.boxed_local();
                     };
                     let step = p.append_marker(producer_id, producer_epoch, marker, now_ms());
+                    let s = s.clone();
                     async move {
                         step?.finish(&p.log, true).await?;
+                        if p.topic == crate::group::OFFSETS_TOPIC {
+                            // The transaction's offsets show, or go (KIP-447).
+                            let cfg = &s.config.group;
+                            crate::group::complete_txn(
+                                &s.groups,
+                                cfg,
+                                p.index,
+                                producer_id,
+                                marker.commit,
+                            );
+                        }
                         Ok(())
                     }
                     .boxed_local()

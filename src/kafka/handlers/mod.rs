@@ -1,6 +1,7 @@
 //! One module per Kafka API, named after Kafka's schema. Each exposes `handle` (or, for
 //! Produce, `start`); `admin` holds the controller-side topic changes several APIs share.
 
+pub mod add_offsets_to_txn;
 pub mod add_partitions_to_txn;
 pub mod admin;
 pub mod alter_configs;
@@ -33,3 +34,4 @@ pub mod offset_fetch;
 pub mod offset_for_leader_epoch;
 pub mod produce;
 pub mod sync_group;
+pub mod txn_offset_commit;

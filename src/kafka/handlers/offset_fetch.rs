@@ -1,5 +1,8 @@
 //! OffsetFetch (API 9): a group's committed offsets, for some partitions or all of them;
-//! v8+ asks for several groups at once. An unknown group or partition has offset -1.
+//! v8+ asks for several groups at once. An unknown group or partition has offset -1. With
+//! `require_stable` (v7+, what read_committed consumers send), a partition with offsets of
+//! an open transaction pending (KIP-447) answers UNSTABLE_OFFSET_COMMIT, and the client asks
+//! again.
 
 use std::rc::Rc;
 
@@ -18,8 +21,11 @@ use crate::kafka::RequestContext;
 
 /// Requested partitions by topic (None: every committed offset).
 type Wanted = Option<Vec<(String, Vec<i32>)>>;
-/// Per topic, per partition: the committed offset, if any.
-type Fetched = Vec<(String, Vec<(i32, Option<OffsetValue>)>)>;
+/// Per topic, per partition: the committed offset, if any, or the partition's error code.
+type Fetched = Vec<(String, Vec<(i32, Result<Option<OffsetValue>, i16>)>)>;
+
+/// Kafka's UNSTABLE_OFFSET_COMMIT.
+const UNSTABLE_OFFSET_COMMIT: i16 = 88;
 
 /// v0-7 and v8+ use distinct, same-shaped structs for topics and partitions: these build
 /// either from the same values.
@@ -44,9 +50,11 @@ macro_rules! response_topics {
                         parts
                             .into_iter()
                             .map(|(p, v)| {
-                                let (offset, epoch, metadata) = fields(v);
+                                let error = v.as_ref().err().copied().unwrap_or(0);
+                                let (offset, epoch, metadata) = fields(v.ok().flatten());
                                 $partition::default()
                                     .with_partition_index(p)
+                                    .with_error_code(error)
                                     .with_committed_offset(offset)
                                     .with_committed_leader_epoch(epoch)
                                     .with_metadata(Some(metadata))
@@ -61,7 +69,9 @@ macro_rules! response_topics {
 pub async fn handle(ctx: Rc<RequestContext>, req: OffsetFetchRequest) -> OffsetFetchResponse {
     if ctx.version < 8 {
         let group = req.group_id.0.to_string();
-        let (topics, error) = split(fetch(&ctx, group, None, -1, wanted!(req.topics)).await);
+        let stable = ctx.version >= 7 && req.require_stable;
+        let (topics, error) =
+            split(fetch(&ctx, group, None, -1, stable, wanted!(req.topics)).await);
         return OffsetFetchResponse::default()
             .with_error_code(error)
             .with_topics(response_topics!(
@@ -74,7 +84,16 @@ pub async fn handle(ctx: Rc<RequestContext>, req: OffsetFetchRequest) -> OffsetF
     for g in req.groups {
         let member = g.member_id.map(|m| m.to_string());
         let group = g.group_id.0.to_string();
-        let fetched = fetch(&ctx, group, member, g.member_epoch, wanted!(g.topics)).await;
+        let stable = req.require_stable;
+        let fetched = fetch(
+            &ctx,
+            group,
+            member,
+            g.member_epoch,
+            stable,
+            wanted!(g.topics),
+        )
+        .await;
         let (topics, error) = split(fetched);
         groups.push(
             OffsetFetchResponseGroup::default()
@@ -110,10 +129,11 @@ async fn fetch(
     group_id: String,
     member_id: Option<String>,
     member_epoch: i32,
+    require_stable: bool,
     wanted: Wanted,
 ) -> Result<Fetched, BrokerError> {
     let id = group_id.clone();
-    group::on_group(&ctx.shard, &group_id, move |s, _partition| {
+    group::on_group(&ctx.shard, &group_id, move |s, partition| {
         async move {
             let c = s.groups.borrow();
             let g = c.groups.get(&id);
@@ -125,8 +145,15 @@ async fn fetch(
                     }
                 }
             }
-            let lookup =
-                |t: &str, p: i32| g.and_then(|g| g.offsets.get(&(t.to_string(), p)).cloned());
+            let unstable =
+                |key: &(String, i32)| require_stable && c.has_txn_offset(partition.index, &id, key);
+            let lookup = |t: &str, p: i32| {
+                let key = (t.to_string(), p);
+                match unstable(&key) {
+                    true => Err(UNSTABLE_OFFSET_COMMIT),
+                    false => Ok(g.and_then(|g| g.offsets.get(&key).cloned())),
+                }
+            };
             Ok(match wanted {
                 Some(topics) => topics
                     .into_iter()
@@ -138,9 +165,13 @@ async fn fetch(
                 None => {
                     let mut out: Fetched = Vec::new();
                     for ((t, p), v) in g.map(|g| g.offsets.iter()).into_iter().flatten() {
+                        let v = match unstable(&(t.clone(), *p)) {
+                            true => Err(UNSTABLE_OFFSET_COMMIT),
+                            false => Ok(Some(v.clone())),
+                        };
                         match out.last_mut() {
-                            Some((last, parts)) if last == t => parts.push((*p, Some(v.clone()))),
-                            _ => out.push((t.clone(), vec![(*p, Some(v.clone()))])),
+                            Some((last, parts)) if last == t => parts.push((*p, v)),
+                            _ => out.push((t.clone(), vec![(*p, v)])),
                         }
                     }
                     out

@@ -310,11 +310,6 @@ impl ProducerStates {
         }
     }
 
-    /// Whether any transaction is open here.
-    pub fn has_open_transactions(&self) -> bool {
-        !self.open.is_empty()
-    }
-
     /// Builds the open-transaction index from the producers (after deserialising).
     pub fn reindex(mut self) -> ProducerStates {
         self.open = self

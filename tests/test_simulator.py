@@ -212,6 +212,10 @@ def test_the_readme_log_command_passes_its_seeds():
 
 
 # Each fix of defect g undone, the first seeds that find it, and what the checker reports.
+# (g-start-past-end is not here either: seed 3689 found it until the log's open read the
+# segments' .txnindex files, which moved the simulated disk's schedules; none of seeds
+# 1-2,747 and 6,001-8,741 of today's schedule finds it, nor a longer search from seed 1.
+# The fix stays; only its pinned seed is gone, to be searched for again.)
 # (g-orphan is not here: CI's fresh seeds met it once, as seed 1796441720 at 0c0832b, but
 # none of seeds 1-14,000 of today's schedule finds it; io's unit test
 # open_deletes_index_files_whose_segment_is_gone covers it.)
@@ -224,7 +228,6 @@ UNFIXED_G = {
     "g-read": (["--seed", "4"], r"a read at \d+ failed: storage error: opening \S+\.log"),
     "g-failed": (["--seed", "2543"], r"a gap: the batch after offset \d+ starts at \d+"),
     "g-cut-read": (["--seed", "1"], r"a read at \d+ failed: invalid batch: batch truncated"),
-    "g-start-past-end": (["--seed", "3689"], r"a gap: the batch after offset \d+ starts at \d+"),
 }
 
 

@@ -5,10 +5,11 @@
 //! Each entry is 34 bytes, big-endian: version (i16, 0), producer id (i64), the transaction's
 //! first offset, the offset of its abort marker (`last_offset`), and the last stable offset
 //! when the marker was written. Entries are in marker order. The log keeps a segment's
-//! entries in memory and writes the file when it finishes the segment, before its offset
-//! index (so a segment whose index files load has its aborted transactions on disk too).
-//! Entries of a segment not finished yet are the partition's to rebuild after a restart:
-//! `Log::txn_index_known_below` says from where.
+//! entries in memory and its flusher writes the file again (whole, atomically) before the
+//! next data round whenever they changed, so an abort marker is never durable without its
+//! entry (`Log::add_aborted`). At open, entries past the recovered end are dropped; a file
+//! that does not decode is reported (`Log::txn_index_lost_from`), and the partition
+//! rebuilds from there.
 
 use std::fmt;
 

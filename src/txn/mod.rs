@@ -82,20 +82,6 @@ impl TxnState {
         .into_iter()
         .find(|s| *s as i8 == id)
     }
-
-    /// Kafka's name for it (DescribeTransactions, ListTransactions).
-    pub fn name(self) -> &'static str {
-        match self {
-            TxnState::Empty => "Empty",
-            TxnState::Ongoing => "Ongoing",
-            TxnState::PrepareCommit => "PrepareCommit",
-            TxnState::PrepareAbort => "PrepareAbort",
-            TxnState::CompleteCommit => "CompleteCommit",
-            TxnState::CompleteAbort => "CompleteAbort",
-            TxnState::Dead => "Dead",
-            TxnState::PrepareEpochFence => "PrepareEpochFence",
-        }
-    }
 }
 
 /// One transactional id, as its coordinator holds it.

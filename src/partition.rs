@@ -434,6 +434,7 @@ impl Partition {
     pub fn append_txn_records(
         &self,
         bytes: &Bytes,
+        guard: Option<u64>,
         now_ms: i64,
     ) -> Result<AppendStep, BrokerError> {
         if let Some(e) = self.log.failure() {
@@ -453,6 +454,10 @@ impl Partition {
         self.producers
             .borrow()
             .check_epoch(header.producer_id, header.producer_epoch)?;
+        if !self.producers.borrow().verified(&header, guard) {
+            // A marker came since its verification (`verification_guard`).
+            return Err(BrokerError::InvalidTxnState);
+        }
         self.replication.append(
             &self.producers,
             BytesMut::from(&bytes[..]),

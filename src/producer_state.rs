@@ -172,6 +172,19 @@ impl ProducerStates {
         }
     }
 
+    /// Takes `other`'s producers and transactions (a Raft leader's applied state at the start
+    /// of a term), keeping the verification guards under way: a batch verified before stays
+    /// verified, and no guard number is handed out twice.
+    pub fn adopt(&mut self, other: ProducerStates) {
+        let guards = std::mem::take(&mut self.guards);
+        let next_guard = self.next_guard;
+        *self = ProducerStates {
+            guards,
+            next_guard,
+            ..other
+        };
+    }
+
     /// The guard a transactional batch of `producer_id` must carry to open a transaction
     /// here, once its coordinator has said the partition is in it; None when one is open
     /// here already (nothing to verify).

@@ -286,3 +286,38 @@ def test_kafka_transactional_message_copier_copies_exactly_once(broker):
     assert sorted(copied) == sorted(f"in-{i}" for i in range(n))
     out = java("dev.ferrolog.tests.Committed", broker.bootstrap, "txn-copier", src, 1).stdout
     assert json.loads(out)["0"]["offset"] == n, out
+
+
+@pytest.mark.skipif(
+    TARGET != "ferrolog",
+    reason="Apache Kafka looks for the group's coordinator first, and answers COORDINATOR_NOT_AVAILABLE "
+    "while __consumer_offsets is being created",
+)
+def test_txn_offset_commit_refuses_oversized_metadata(broker):
+    """TxnOffsetCommit v3 (flexible) with metadata longer than offset.metadata.max.bytes
+    (4096) is OFFSET_METADATA_TOO_LARGE for that partition, as OffsetCommit answers, and the
+    broker goes on serving. (Past 32767 bytes, more than a record's int16-length string
+    holds, ferrolog answers the same; Apache Kafka closes the connection.)"""
+    import kafka_wire as w
+
+    topic = "txn-metadata"
+    _create(broker.bootstrap, topic, 1)
+    p = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "txn-metadata"})
+    p.init_transactions(60)  # creates __transaction_state
+    with w.Connection(broker.bootstrap) as conn:
+        partition = w.i32(0) + w.i64(5) + w.i32(-1) + w.compact_string("m" * 5_000) + w.NO_TAGS
+        topics = w.compact_array([w.compact_string(topic) + w.compact_array([partition]) + w.NO_TAGS])
+        body = (
+            w.compact_string("txn-metadata") + w.compact_string("txn-metadata-group") + w.i64(-1) + w.i16(-1)
+            + w.i32(-1) + w.compact_string("") + w.compact_string(None) + topics + w.NO_TAGS
+        )  # fmt: skip
+        r = w.Reader(conn.request(28, 3, body, flexible=True))  # TxnOffsetCommit v3
+        r.i32()
+        results = r.compact_array(
+            lambda r: (r.compact_string(), r.compact_array(lambda r: (r.i32(), r.i16(), r.tags())), r.tags())
+        )
+        assert [(t, [(i, e) for i, e, _ in ps]) for t, ps, _ in results] == [(topic, [(0, 12)])], results
+    # Still serving.
+    p.begin_transaction()
+    p.produce(topic, value=b"after", partition=0)
+    p.commit_transaction(60)

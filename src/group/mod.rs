@@ -791,6 +791,7 @@ pub async fn write_txn_offsets(
     group_id: &str,
     producer_id: i64,
     epoch: i16,
+    guard: Option<u64>,
     changes: Vec<OffsetChange>,
     now_ms: i64,
 ) -> Result<(), BrokerError> {
@@ -813,12 +814,22 @@ pub async fn write_txn_offsets(
         .collect();
     let batch = codec::encode_key_value_batch_of(&pairs, now_ms, Some((producer_id, epoch)));
     let load = groups.borrow().loads.get(&index).copied();
-    let landed = match partition.append_txn_records(&batch, now_ms) {
+    // Counted as in flight until it settles: the partition is not rewritten meanwhile (the
+    // rewrite would move the log start past it before it shows as pending).
+    *groups.borrow_mut().offset_writes.entry(index).or_default() += 1;
+    let _in_flight = PendingOffsetWrite {
+        groups,
+        index,
+        group_id,
+        incarnation: None,
+        keys: Vec::new(),
+    };
+    let landed = match partition.append_txn_records(&batch, guard, now_ms) {
         Ok(step) => step.finish(&partition.log, true).await,
         Err(e) => Err(e),
     };
     let landed = landed.map_err(|e| match e {
-        BrokerError::InvalidProducerEpoch => e,
+        BrokerError::InvalidProducerEpoch | BrokerError::InvalidTxnState => e,
         e => write_error(e),
     })?;
     let mut c = groups.borrow_mut();

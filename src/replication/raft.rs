@@ -879,7 +879,8 @@ impl<H: Host> Replica<H> {
         }
         if self.ready_term.get() != Some(term) {
             // Everything before this term is applied, and nothing of it is proposed yet.
-            *producers.borrow_mut() = self.applied_producers.borrow().clone();
+            let applied = self.applied_producers.borrow().clone();
+            producers.borrow_mut().adopt(applied);
             self.next_offset.set(log_end);
             self.ready_term.set(Some(term));
             self.resync.set(false);

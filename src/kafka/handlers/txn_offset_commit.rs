@@ -25,10 +25,20 @@ pub async fn handle(
 ) -> TxnOffsetCommitResponse {
     let image = ctx.shard.image();
     let known = |t: &str, p: i32| image.topic(t).is_some_and(|m| p >= 0 && p < m.partitions);
+    // The record stores metadata as an int16-length string, as OffsetCommit checks it.
+    let max_metadata = ctx
+        .shard
+        .config
+        .group
+        .offset_metadata_max_bytes
+        .min(group::STRING_BYTES_MAX);
+    let too_large = |m: &Option<kafka_protocol::protocol::StrBytes>| {
+        m.as_ref().is_some_and(|m| m.len() > max_metadata)
+    };
     let mut commits = Vec::new();
     for t in &req.topics {
         for p in &t.partitions {
-            if known(&t.name, p.partition_index) {
+            if known(&t.name, p.partition_index) && !too_large(&p.committed_metadata) {
                 let value = OffsetValue {
                     offset: p.committed_offset,
                     leader_epoch: p.committed_leader_epoch,
@@ -44,19 +54,21 @@ pub async fn handle(
         }
     }
     let result = commit(&ctx, &req, commits).await;
-    let code = |t: &str, p: i32| match &result {
-        _ if !known(t, p) => BrokerError::UnknownTopicOrPartition.code(),
-        Ok(()) => 0,
-        // PRODUCER_FENCED is new in v2; older clients know INVALID_PRODUCER_EPOCH.
-        Err(BrokerError::ProducerFenced) if ctx.version < 2 => {
-            BrokerError::InvalidProducerEpoch.code()
-        }
-        // COORDINATOR_LOAD_IN_PROGRESS is new in v2 here.
-        Err(BrokerError::CoordinatorLoadInProgress) if ctx.version < 2 => {
-            BrokerError::CoordinatorNotAvailable(String::new()).code()
-        }
-        Err(e) => e.code(),
-    };
+    let code =
+        |t: &str, p: i32, metadata: &Option<kafka_protocol::protocol::StrBytes>| match &result {
+            _ if !known(t, p) => BrokerError::UnknownTopicOrPartition.code(),
+            _ if too_large(metadata) => BrokerError::OffsetMetadataTooLarge.code(),
+            Ok(()) => 0,
+            // PRODUCER_FENCED is new in v2; older clients know INVALID_PRODUCER_EPOCH.
+            Err(BrokerError::ProducerFenced) if ctx.version < 2 => {
+                BrokerError::InvalidProducerEpoch.code()
+            }
+            // COORDINATOR_LOAD_IN_PROGRESS is new in v2 here.
+            Err(BrokerError::CoordinatorLoadInProgress) if ctx.version < 2 => {
+                BrokerError::CoordinatorNotAvailable(String::new()).code()
+            }
+            Err(e) => e.code(),
+        };
     let topics = req
         .topics
         .iter()
@@ -69,7 +81,11 @@ pub async fn handle(
                         .map(|p| {
                             TxnOffsetCommitResponsePartition::default()
                                 .with_partition_index(p.partition_index)
-                                .with_error_code(code(&t.name, p.partition_index))
+                                .with_error_code(code(
+                                    &t.name,
+                                    p.partition_index,
+                                    &p.committed_metadata,
+                                ))
                         })
                         .collect(),
                 )
@@ -88,27 +104,7 @@ async fn commit(
         return Err(BrokerError::InvalidGroupId);
     }
     let (producer_id, epoch) = (req.producer_id.0, req.producer_epoch);
-    let offsets_partitions = ctx
-        .shard
-        .image()
-        .topic(OFFSETS_TOPIC)
-        .map_or(ctx.shard.config.group.offsets_topic_partitions, |t| {
-            t.partitions
-        });
-    // The group's offsets partition must be in the transaction (AddOffsetsToTxn), or the
-    // offsets would open a transaction there that nothing closes.
-    let partition = (
-        OFFSETS_TOPIC.to_string(),
-        group::partition_for(&group_id, offsets_partitions),
-    );
-    txn::verify(
-        &ctx.shard,
-        req.transactional_id.0.to_string(),
-        producer_id,
-        epoch,
-        partition,
-    )
-    .await?;
+    let transactional_id = req.transactional_id.0.to_string();
     let member_id = req.member_id.to_string();
     let instance_id = req.group_instance_id.as_ref().map(|i| i.to_string());
     let generation = req.generation_id;
@@ -117,6 +113,14 @@ async fn commit(
     let id = group_id.clone();
     group::on_group(&ctx.shard, &group_id, move |s, partition| {
         async move {
+            // The group's offsets partition must be in the transaction (AddOffsetsToTxn),
+            // or the offsets would open a transaction there that nothing closes; the guard,
+            // taken first, is revoked by any marker meanwhile (as for Produce).
+            let guard = partition.verification_guard(producer_id)?;
+            if guard.is_some() {
+                let at = (OFFSETS_TOPIC.to_string(), partition.index);
+                txn::verify(&s, transactional_id, producer_id, epoch, at).await?;
+            }
             let now = now_ms();
             {
                 let mut c = s.groups.borrow_mut();
@@ -146,6 +150,7 @@ async fn commit(
                 &id,
                 producer_id,
                 epoch,
+                guard,
                 changes,
                 now,
             )

@@ -138,6 +138,18 @@ pub enum BrokerError {
 }
 
 impl BrokerError {
+    /// The code for a client of an API's `version`, where PRODUCER_FENCED is new in
+    /// `producer_fenced_from`: older clients know INVALID_PRODUCER_EPOCH. By code, so an
+    /// answer relayed from another node maps too.
+    pub fn code_for(&self, version: i16, producer_fenced_from: i16) -> i16 {
+        match self.code() {
+            c if c == BrokerError::ProducerFenced.code() && version < producer_fenced_from => {
+                BrokerError::InvalidProducerEpoch.code()
+            }
+            c => c,
+        }
+    }
+
     pub fn from_log(e: LogError) -> BrokerError {
         match e {
             LogError::OffsetOutOfRange { .. } => BrokerError::OffsetOutOfRange,

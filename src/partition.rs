@@ -390,12 +390,21 @@ impl Partition {
     /// returned goes with the batch (`append`). None: a transaction of the producer is open
     /// here already, nothing to ask.
     pub fn verification_guard(&self, producer_id: i64) -> Result<Option<u64>, BrokerError> {
+        self.ready_to_write()?;
+        Ok(self.producers.borrow_mut().verification_guard(producer_id))
+    }
+
+    /// What a coordinator's write checks first: the log has not failed, this replica leads,
+    /// and may take writes now (`Replication::ready`).
+    fn ready_to_write(&self) -> Result<(), BrokerError> {
+        if let Some(e) = self.log.failure() {
+            return Err(BrokerError::Storage(e.to_string()));
+        }
         if !self.is_leader() {
             return Err(BrokerError::NotLeaderOrFollower);
         }
         self.replication
-            .ready(&self.producers, self.log.end_offset())?;
-        Ok(self.producers.borrow_mut().verification_guard(producer_id))
+            .ready(&self.producers, self.log.end_offset())
     }
 
     /// Writes a transaction marker the coordinator asks for (WriteTxnMarkers): a control
@@ -409,14 +418,7 @@ impl Partition {
         marker: Marker,
         now_ms: i64,
     ) -> Result<AppendStep, BrokerError> {
-        if let Some(e) = self.log.failure() {
-            return Err(BrokerError::Storage(e.to_string()));
-        }
-        if !self.is_leader() {
-            return Err(BrokerError::NotLeaderOrFollower);
-        }
-        self.replication
-            .ready(&self.producers, self.log.end_offset())?;
+        self.ready_to_write()?;
         self.producers.borrow().check_marker(
             producer_id,
             producer_epoch,
@@ -437,14 +439,7 @@ impl Partition {
         guard: Option<u64>,
         now_ms: i64,
     ) -> Result<AppendStep, BrokerError> {
-        if let Some(e) = self.log.failure() {
-            return Err(BrokerError::Storage(e.to_string()));
-        }
-        if !self.is_leader() {
-            return Err(BrokerError::NotLeaderOrFollower);
-        }
-        self.replication
-            .ready(&self.producers, self.log.end_offset())?;
+        self.ready_to_write()?;
         let header =
             BatchHeader::parse(bytes).map_err(|e| BrokerError::InvalidRecord(e.to_string()))?;
         assert!(

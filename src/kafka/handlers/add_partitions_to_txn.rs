@@ -50,11 +50,8 @@ pub async fn handle(
         Err(BrokerError::OperationNotAttempted) if unknown(topic, p) => {
             BrokerError::UnknownTopicOrPartition.code()
         }
-        // PRODUCER_FENCED is new in v2; older clients know INVALID_PRODUCER_EPOCH.
-        Err(BrokerError::ProducerFenced) if ctx.version < 2 => {
-            BrokerError::InvalidProducerEpoch.code()
-        }
-        Err(e) => e.code(),
+        // PRODUCER_FENCED is new in v2.
+        Err(e) => e.code_for(ctx.version, 2),
         Ok(()) => 0,
     };
     let results = req

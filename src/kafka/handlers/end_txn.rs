@@ -6,7 +6,6 @@ use std::rc::Rc;
 
 use kafka_protocol::messages::{EndTxnRequest, EndTxnResponse};
 
-use crate::errors::BrokerError;
 use crate::kafka::RequestContext;
 use crate::txn;
 
@@ -21,11 +20,8 @@ pub async fn handle(ctx: Rc<RequestContext>, req: EndTxnRequest) -> EndTxnRespon
     .await;
     let code = match result {
         Ok(()) => 0,
-        // PRODUCER_FENCED is new in v2; older clients know INVALID_PRODUCER_EPOCH.
-        Err(BrokerError::ProducerFenced) if ctx.version < 2 => {
-            BrokerError::InvalidProducerEpoch.code()
-        }
-        Err(e) => e.code(),
+        // PRODUCER_FENCED is new in v2.
+        Err(e) => e.code_for(ctx.version, 2),
     };
     EndTxnResponse::default().with_error_code(code)
 }

@@ -36,13 +36,9 @@ pub async fn handle(ctx: Rc<RequestContext>, req: InitProducerIdRequest) -> Init
             .with_producer_id(ProducerId(id))
             .with_producer_epoch(epoch),
         Err(e) => {
-            // PRODUCER_FENCED is new in v4; older clients know INVALID_PRODUCER_EPOCH.
-            let e = match e {
-                BrokerError::ProducerFenced if ctx.version < 4 => BrokerError::InvalidProducerEpoch,
-                e => e,
-            };
+            // PRODUCER_FENCED is new in v4.
             InitProducerIdResponse::default()
-                .with_error_code(e.code())
+                .with_error_code(e.code_for(ctx.version, 4))
                 .with_producer_id(ProducerId(-1))
                 .with_producer_epoch(-1)
         }

@@ -59,15 +59,12 @@ pub async fn handle(
             _ if !known(t, p) => BrokerError::UnknownTopicOrPartition.code(),
             _ if too_large(metadata) => BrokerError::OffsetMetadataTooLarge.code(),
             Ok(()) => 0,
-            // PRODUCER_FENCED is new in v2; older clients know INVALID_PRODUCER_EPOCH.
-            Err(BrokerError::ProducerFenced) if ctx.version < 2 => {
-                BrokerError::InvalidProducerEpoch.code()
-            }
             // COORDINATOR_LOAD_IN_PROGRESS is new in v2 here.
             Err(BrokerError::CoordinatorLoadInProgress) if ctx.version < 2 => {
                 BrokerError::CoordinatorNotAvailable(String::new()).code()
             }
-            Err(e) => e.code(),
+            // PRODUCER_FENCED is new in v2.
+            Err(e) => e.code_for(ctx.version, 2),
         };
     let topics = req
         .topics

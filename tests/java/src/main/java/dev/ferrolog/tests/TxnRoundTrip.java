@@ -87,7 +87,15 @@ public final class TxnRoundTrip {
             slow.send(record(topic, partitions, "timeout-6", i));
         }
         slow.flush();
-        Thread.sleep(25_000);
+        // The coordinator's abort moves read_committed's end offsets up to read_uncommitted's.
+        long deadline = System.currentTimeMillis() + 60_000;
+        while (System.currentTimeMillis() < deadline) {
+            ObjectNode ends = endOffsets(bootstrap, topic, partitions);
+            if (ends.get("read_committed").asLong() == ends.get("read_uncommitted").asLong()) {
+                break;
+            }
+            Thread.sleep(200);
+        }
         out.put("timed_out", failure(slow::commitTransaction));
         slow.close(Duration.ZERO);
 

@@ -321,3 +321,27 @@ def test_txn_offset_commit_refuses_oversized_metadata(broker):
     p.begin_transaction()
     p.produce(topic, value=b"after", partition=0)
     p.commit_transaction(60)
+
+
+def test_first_init_producer_ids_racing_for_one_id_get_one_producer(broker):
+    """Several InitProducerId requests for a transactional id the coordinator does not know
+    yet, sent at once on separate connections: at most one creates it. Every success names
+    the same producer id with a distinct epoch; the others are CONCURRENT_TRANSACTIONS."""
+    import kafka_wire as w
+
+    warm = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "txn-race-warm"})
+    warm.init_transactions(60)  # __transaction_state exists and is loaded
+    conns = [w.Connection(broker.bootstrap) for _ in range(4)]
+    try:
+        for round_ in range(5):
+            txn_id = f"txn-race-{round_}"
+            sent = [(c, c.send(w.INIT_PRODUCER_ID, 1, w.init_producer_id_v0(txn_id))) for c in conns]
+            answers = [w.parse_init_producer_id_v0(c.receive(cid)) for c, cid in sent]
+            ok = [(a["producer_id"], a["producer_epoch"]) for a in answers if a["error_code"] == w.NONE]
+            assert ok, answers
+            assert all(a["error_code"] in (w.NONE, 51) for a in answers), answers
+            assert len({pid for pid, _ in ok}) == 1, f"one id, several producers: {answers}"
+            assert len({epoch for _, epoch in ok}) == len(ok), answers
+    finally:
+        for c in conns:
+            c.close()

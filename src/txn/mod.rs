@@ -111,6 +111,8 @@ struct Coordinated {
 #[derive(Default)]
 pub struct TxnCoordinator {
     pub txns: BTreeMap<String, Txn>,
+    /// Ids whose first state is being written: busy too, though not in `txns` yet.
+    creating: BTreeSet<String>,
     partitions: HashMap<i32, Coordinated>,
     next_load: u64,
 }
@@ -404,15 +406,18 @@ async fn check_coordinator(shard: &Shard, partition: &Partition) -> Result<u64, 
     serves()
 }
 
-/// Marks `id` busy, or says why it cannot change now.
+/// Marks `id` busy (an id not known yet too, so two first InitProducerIds cannot both
+/// create it), or says why it cannot change now.
 fn claim(shard: &Shard, id: &str) -> Result<(), BrokerError> {
-    let mut txns = shard.txns.borrow_mut();
-    match txns.txns.get_mut(id) {
+    let mut c = shard.txns.borrow_mut();
+    let c = &mut *c;
+    match c.txns.get_mut(id) {
         Some(t) if t.busy => Err(BrokerError::ConcurrentTransactions),
         Some(t) => {
             t.busy = true;
             Ok(())
         }
+        None if !c.creating.insert(id.to_string()) => Err(BrokerError::ConcurrentTransactions),
         None => Ok(()),
     }
 }
@@ -425,7 +430,9 @@ struct Busy<'a> {
 
 impl Drop for Busy<'_> {
     fn drop(&mut self) {
-        if let Some(t) = self.shard.txns.borrow_mut().txns.get_mut(self.id) {
+        let mut c = self.shard.txns.borrow_mut();
+        c.creating.remove(self.id);
+        if let Some(t) = c.txns.get_mut(self.id) {
             t.busy = false;
         }
     }

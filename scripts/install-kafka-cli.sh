@@ -26,6 +26,7 @@ tools=(
     "kafka-console-producer.sh org.apache.kafka.tools.ConsoleProducer"
     "kafka-console-consumer.sh org.apache.kafka.tools.consumer.ConsoleConsumer"
     "kafka-get-offsets.sh org.apache.kafka.tools.GetOffsetShell"
+    "kafka-transactions.sh org.apache.kafka.tools.TransactionsCommand"
 )
 mkdir -p "$bin_dir"
 for tool in "${tools[@]}"; do

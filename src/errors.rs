@@ -70,6 +70,8 @@ pub enum BrokerError {
     ProducerFenced,
     #[error("The broker did not attempt to execute this operation.")]
     OperationNotAttempted,
+    #[error("The transactionalId could not be found.")]
+    TransactionalIdNotFound,
     #[error("The broker received an out of order sequence number.")]
     OutOfOrderSequence,
     #[error("Producer attempted to produce with an old epoch.")]
@@ -218,6 +220,7 @@ pub fn kafka_error(e: &BrokerError) -> ResponseError {
         BrokerError::InvalidTransactionTimeout => ResponseError::InvalidTransactionTimeout,
         BrokerError::ProducerFenced => ResponseError::ProducerFenced,
         BrokerError::OperationNotAttempted => ResponseError::OperationNotAttempted,
+        BrokerError::TransactionalIdNotFound => ResponseError::TransactionalIdNotFound,
         BrokerError::NotEnoughReplicas => ResponseError::NotEnoughReplicas,
         BrokerError::OutOfOrderSequence => ResponseError::OutOfOrderSequenceNumber,
         BrokerError::InvalidProducerEpoch => ResponseError::InvalidProducerEpoch,
@@ -285,6 +288,7 @@ mod tests {
             (BrokerError::TransactionCoordinatorFenced, 52),
             (BrokerError::OperationNotAttempted, 55),
             (BrokerError::ProducerFenced, 90),
+            (BrokerError::TransactionalIdNotFound, 105),
             (BrokerError::TransactionalIdAuthorizationFailed, 53),
             (BrokerError::UnsupportedVersion, 35),
             (BrokerError::TopicAlreadyExists(String::new()), 36),

@@ -462,6 +462,11 @@ impl Partition {
         )
     }
 
+    /// Its producers, as DescribeProducers lists them (any replica answers, as in Kafka).
+    pub fn active_producers(&self) -> Vec<crate::producer_state::ActiveProducer> {
+        self.replication.active_producers(&self.producers)
+    }
+
     /// The last stable offset (LSO): read_committed consumers read below it. The HW, or the
     /// first offset of a transaction not yet closed and committed, if lower (never below the
     /// log start).

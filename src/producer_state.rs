@@ -93,6 +93,22 @@ pub struct ClosedTxn {
     pub aborted: bool,
 }
 
+/// One producer of a partition as DescribeProducers shows it (Kafka's `ProducerStateEntry`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ActiveProducer {
+    pub producer_id: i64,
+    pub epoch: i16,
+    /// The last sequence of its last batch remembered here, -1 if none (a marker of a new
+    /// epoch forgets them).
+    pub last_sequence: i32,
+    /// The max timestamp of that batch, -1 if none.
+    pub last_timestamp: i64,
+    /// The coordinator epoch of its last marker here, -1 if none.
+    pub coordinator_epoch: i32,
+    /// The first offset of its open transaction here, -1 if none.
+    pub txn_start_offset: i64,
+}
+
 /// Outcome of checking a batch before it is appended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SequenceCheck {
@@ -304,6 +320,24 @@ impl ProducerStates {
                 .copied()
                 .unwrap_or(closed.last_offset + 1),
         }
+    }
+
+    /// Every producer remembered here, by producer id.
+    pub fn active(&self) -> Vec<ActiveProducer> {
+        let mut all: Vec<ActiveProducer> = self
+            .producers
+            .iter()
+            .map(|(&producer_id, e)| ActiveProducer {
+                producer_id,
+                epoch: e.epoch,
+                last_sequence: e.batches.back().map_or(-1, |b| b.last_seq),
+                last_timestamp: e.batches.back().map_or(-1, |b| b.timestamp),
+                coordinator_epoch: e.coordinator_epoch,
+                txn_start_offset: e.txn_first.unwrap_or(-1),
+            })
+            .collect();
+        all.sort_by_key(|p| p.producer_id);
+        all
     }
 
     /// The first offset a read_committed consumer may not read yet: that of the earliest
@@ -679,6 +713,41 @@ mod tests {
         let header = batch::verify(&bytes).expect("a valid batch");
         assert_eq!(marker_of(&header, &bytes), Some(m), "parses back");
         (header, Some(m))
+    }
+
+    #[test]
+    fn active_producers_show_what_describe_producers_reports() {
+        let mut s = ProducerStates::default();
+        s.apply(&txn(2, 3, 0, 2, 10), None);
+        s.apply(&h(1, 0, 0, 5, 12), None);
+        let (m, k) = marker(2, 3, true, 4, 17);
+        s.apply(&m, k);
+        s.apply(&txn(2, 3, 2, 1, 18), None);
+        let row = |producer_id, epoch, last_sequence, coordinator_epoch, txn_start_offset| {
+            ActiveProducer {
+                producer_id,
+                epoch,
+                last_sequence,
+                last_timestamp: 7,
+                coordinator_epoch,
+                txn_start_offset,
+            }
+        };
+        assert_eq!(
+            s.active(),
+            vec![row(1, 0, 4, -1, -1), row(2, 3, 2, 4, 18)],
+            "by producer id; -1 for no marker yet and no open transaction"
+        );
+        // A marker of a newer epoch forgets the producer's batches.
+        let (m, k) = marker(2, 4, false, 4, 19);
+        s.apply(&m, k);
+        assert_eq!(
+            s.active()[1],
+            ActiveProducer {
+                last_timestamp: -1,
+                ..row(2, 4, -1, 4, -1)
+            }
+        );
     }
 
     #[test]

@@ -177,6 +177,8 @@ def test_first_command_in_a_fresh_directory(tmp_path):
     producer = readme_block("Point a client at it", 1, "python")
     configs = readme_block("Point a client at it", 2, "sh")
     consumer = readme_block("Consumer groups", 0, "python")
+    transactional = readme_block("Transactions and exactly-once", 0, "python")
+    txn_tool = readme_block("Transactions and exactly-once", 1, "sh").splitlines()
     cwd = fresh_dir("first-command")
     with Netns() as ns:
         broker = Started(ns, start, cwd, tmp_path / "broker.log")
@@ -213,6 +215,14 @@ def test_first_command_in_a_fresh_directory(tmp_path):
             broker.stop(signal.SIGKILL)
             broker.start()
             assert consume_values(ns, cwd) == ["v1", "v2", "v", "v3"]
+
+            # The transactions example, then kafka-transactions.sh on what it did.
+            ns.run(f"python3 - <<'EOF'\n{transactional}EOF", cwd, timeout_s=120)
+            described = ns.run(txn_tool[0], cwd)
+            assert "demo-txn" in described and "CompleteCommit" in described, described
+            producers = ns.run(txn_tool[1], cwd).splitlines()
+            assert producers[0].split()[:2] == ["ProducerId", "ProducerEpoch"], producers
+            assert len(producers) == 2, producers  # the transactional producer's row
         finally:
             broker.kill()
 

@@ -345,3 +345,160 @@ def test_first_init_producer_ids_racing_for_one_id_get_one_producer(broker):
     finally:
         for c in conns:
             c.close()
+
+
+def _transactions_tool(bootstrap, *args, check=True):
+    """Kafka's `kafka-transactions.sh` (TransactionsCommand from kafka-tools)."""
+    return java("org.apache.kafka.tools.TransactionsCommand", "--bootstrap-server", bootstrap, *args,
+                timeout_s=120, check=check)  # fmt: skip
+
+
+def _table(stdout):
+    """The tool's table (cells padded and ended by a tab) as one dict per row."""
+    lines = [line for line in stdout.splitlines() if "\t" in line]
+    header = [cell.strip() for cell in lines[0].split("\t")[:-1]]
+    return [dict(zip(header, (cell.strip() for cell in line.split("\t")[:-1]))) for line in lines[1:]]
+
+
+def test_kafka_transactions_tool_lists_describes_finds_hanging_and_aborts(broker):
+    """Kafka's own `kafka-transactions` tool against an open transaction of librdkafka's
+    (ListTransactions, DescribeTransactions, DescribeProducers, WriteTxnMarkers): `list` and
+    `describe` show it Ongoing with its partition, `describe-producers` shows where it
+    starts, `find-hanging` finds nothing to report (its coordinator knows the partition),
+    and `abort` writes an abort marker there, after which read_committed reads past it and
+    the producer's own later commit does not bring its records back."""
+    topic, txn_id = "txn-tool", "txn-tool-id"
+    _create(broker.bootstrap, topic, 1)
+    p = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": txn_id})
+    p.init_transactions(60)
+    p.begin_transaction()
+    for i in range(3):
+        p.produce(topic, value=f"kept-{i}".encode(), partition=0)
+    p.commit_transaction(60)  # offsets 0-2, its marker at 3
+    p.begin_transaction()
+    for i in range(2):
+        p.produce(topic, value=f"cut-{i}".encode(), partition=0)
+    assert p.flush(30) == 0  # offsets 4-5, open
+
+    listed = _table(_transactions_tool(broker.bootstrap, "list").stdout)
+    mine = [r for r in listed if r["TransactionalId"] == txn_id]
+    assert len(mine) == 1 and mine[0]["TransactionState"] == "Ongoing", listed
+    producer_id = mine[0]["ProducerId"]
+    filtered = _table(_transactions_tool(broker.bootstrap, "list", "--transactional-id-pattern", "txn-tool-.*").stdout)
+    assert [r["TransactionalId"] for r in filtered] == [txn_id], filtered
+
+    [described] = _table(_transactions_tool(broker.bootstrap, "describe", "--transactional-id", txn_id).stdout)
+    assert described["ProducerId"] == producer_id, described
+    assert described["TransactionState"] == "Ongoing", described
+    assert described["TopicPartitions"] == f"{topic}-0", described
+    assert described["TransactionTimeoutMs"] == "60000", described  # librdkafka's default
+    assert described["CurrentTransactionStartTimeMs"] != "None", described
+    missing = _transactions_tool(broker.bootstrap, "describe", "--transactional-id", "txn-tool-nobody", check=False)
+    assert missing.returncode == 1 and "the ID could not be found" in missing.stderr, missing
+
+    [producer] = _table(_transactions_tool(broker.bootstrap, "describe-producers", "--topic", topic, "--partition", 0).stdout)
+    assert producer["ProducerId"] == producer_id, producer
+    assert producer["CurrentTransactionStartOffset"] == "4", producer
+    assert producer["LastSequence"] == "4", producer
+    assert int(producer["LatestCoordinatorEpoch"]) >= 0, producer  # the commit's marker
+
+    hanging = _transactions_tool(broker.bootstrap, "find-hanging", "--topic", topic, "--max-transaction-timeout", 0)
+    assert _table(hanging.stdout) == [], hanging.stdout
+
+    nothing = _transactions_tool(broker.bootstrap, "abort", "--topic", topic, "--partition", 0, "--start-offset", 2,
+                                 check=False)  # fmt: skip
+    assert nothing.returncode == 1, nothing
+    assert "Could not find any open transactions starting at offset 2" in nothing.stdout + nothing.stderr
+    _transactions_tool(broker.bootstrap, "abort", "--topic", topic, "--partition", 0, "--start-offset", 4)
+    [producer] = _table(_transactions_tool(broker.bootstrap, "describe-producers", "--topic", topic, "--partition", 0).stdout)
+    assert producer["CurrentTransactionStartOffset"] == "None", producer
+
+    # The abort marker (offset 6) closed it there: read_committed reads to the end.
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "txn-tool-check",
+                  "isolation.level": "read_committed"})  # fmt: skip
+    try:
+        low, high = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        assert high == 7, (low, high)
+    finally:
+        c.close()
+    p.commit_transaction(60)
+    assert sorted(_read(broker.bootstrap, topic, 1, "read_committed")) == [f"kept-{i}" for i in range(3)]
+
+
+def test_transaction_admin_apis_answer_bad_requests_as_kafka(broker):
+    """On the wire: WriteTxnMarkers v1 refuses a marker of an older producer epoch
+    (INVALID_PRODUCER_EPOCH) or coordinator epoch (TRANSACTION_COORDINATOR_FENCED) and one
+    for a partition that does not exist (UNKNOWN_TOPIC_OR_PARTITION), and the transaction
+    is untouched; ListTransactions filters by state (echoing unknown state names), producer
+    id and duration, and refuses a pattern that does not compile (INVALID_REGULAR_EXPRESSION);
+    DescribeProducers of an unknown topic is UNKNOWN_TOPIC_OR_PARTITION."""
+    import kafka_wire as w
+
+    topic, txn_id = "txn-admin-wire", "txn-admin-wire-id"
+    _create(broker.bootstrap, topic, 1)
+    first = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": txn_id})
+    first.init_transactions(60)
+    del first
+    p = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": txn_id})
+    p.init_transactions(60)  # epoch 1, so there is an older one to refuse
+    p.begin_transaction()
+    p.produce(topic, value=b"one", partition=0)
+    p.commit_transaction(60)
+    p.begin_transaction()
+    p.produce(topic, value=b"two", partition=0)
+    assert p.flush(30) == 0
+
+    def describe_producers(conn, name):
+        body = w.compact_array([w.compact_string(name) + w.compact_array([w.i32(0)]) + w.NO_TAGS]) + w.NO_TAGS
+        r = w.Reader(conn.request(61, 0, body, flexible=True))
+        r.i32()
+        producer = lambda r: (r.i64(), r.i32(), r.i32(), r.i64(), r.i32(), r.i64(), r.tags())  # noqa: E731
+        partition = lambda r: (r.i32(), r.i16(), r.compact_string(), r.compact_array(producer), r.tags())  # noqa: E731
+        [(_, [(_, code, message, producers, _)], _)] = r.compact_array(lambda r: (r.compact_string(), r.compact_array(partition), r.tags()))
+        return code, message, producers
+
+    def markers(conn, producer_id, epoch, coordinator_epoch, partitions):
+        topics = w.compact_array([w.compact_string(t) + w.compact_array([w.i32(i) for i in ps]) + w.NO_TAGS
+                                  for t, ps in partitions])  # fmt: skip
+        body = w.compact_array([w.i64(producer_id) + w.i16(epoch) + w.boolean(False) + topics
+                                + w.i32(coordinator_epoch) + w.NO_TAGS]) + w.NO_TAGS  # fmt: skip
+        r = w.Reader(conn.request(27, 1, body, flexible=True))
+        partition = lambda r: (r.i32(), r.i16(), r.tags())  # noqa: E731
+        topic_result = lambda r: (r.compact_string(), [c for _, c, _ in r.compact_array(partition)], r.tags())  # noqa: E731
+        [(_, results, _)] = r.compact_array(lambda r: (r.i64(), r.compact_array(topic_result), r.tags()))
+        return {t: codes for t, codes, _ in results}
+
+    def list_txns(conn, version, states=(), producer_ids=(), duration=-1, pattern=None):
+        body = w.compact_array([w.compact_string(s) for s in states]) + w.compact_array([w.i64(i) for i in producer_ids])
+        body += (w.i64(duration) if version >= 1 else b"") + (w.compact_string(pattern) if version >= 2 else b"")
+        body += w.NO_TAGS
+        r = w.Reader(conn.request(66, version, body, flexible=True))
+        r.i32()
+        code = r.i16()
+        unknown = r.compact_array(lambda r: r.compact_string())
+        states = r.compact_array(lambda r: (r.compact_string(), r.i64(), r.compact_string(), r.tags()))
+        return code, unknown, [(i, pid, s) for i, pid, s, _ in states if i.startswith("txn-admin-wire")]
+
+    with w.Connection(broker.bootstrap) as conn:
+        code, _, [(pid, epoch, last_seq, _, coordinator_epoch, start, _)] = describe_producers(conn, topic)
+        assert (code, epoch, start) == (w.NONE, 1, 2) and coordinator_epoch >= 0, (code, epoch, start, coordinator_epoch)
+        assert markers(conn, pid, epoch - 1, coordinator_epoch, [(topic, [0])]) == {topic: [w.INVALID_PRODUCER_EPOCH]}
+        assert markers(conn, pid, epoch, coordinator_epoch - 1, [(topic, [0])]) == {topic: [52]}
+        assert markers(conn, pid, epoch, coordinator_epoch, [(topic, [3]), ("txn-admin-nowhere", [0])]) == {
+            topic: [w.UNKNOWN_TOPIC_OR_PARTITION], "txn-admin-nowhere": [w.UNKNOWN_TOPIC_OR_PARTITION]}  # fmt: skip
+        assert describe_producers(conn, topic)[2][0][5] == 2, "a refused marker closed the transaction"
+
+        ongoing = [(txn_id, pid, "Ongoing")]
+        assert list_txns(conn, 0, states=["Ongoing", "Bogus"]) == (w.NONE, ["Bogus"], ongoing)
+        assert list_txns(conn, 0, states=["CompleteCommit"]) == (w.NONE, [], [])
+        assert list_txns(conn, 0, producer_ids=[pid]) == (w.NONE, [], ongoing)
+        assert list_txns(conn, 0, producer_ids=[pid + 1]) == (w.NONE, [], [])
+        assert list_txns(conn, 1, duration=3_600_000) == (w.NONE, [], [])
+        assert list_txns(conn, 1, duration=0) == (w.NONE, [], ongoing)
+        assert list_txns(conn, 2, pattern="txn-admin-wire-.*") == (w.NONE, [], ongoing)
+        assert list_txns(conn, 2, pattern="(")[0] == 128
+
+        code, message, producers = describe_producers(conn, "txn-admin-no-such-topic")
+        assert (code, producers) == (w.UNKNOWN_TOPIC_OR_PARTITION, []) and message, (code, message)
+    p.commit_transaction(60)
+    assert sorted(_read(broker.bootstrap, topic, 1, "read_committed")) == ["one", "two"]

@@ -60,6 +60,10 @@ pub const HANDLERS: &[Handler] = &[
     h(ApiKey::AddOffsetsToTxn, 0, 4),
     h(ApiKey::EndTxn, 0, 4),
     h(ApiKey::TxnOffsetCommit, 0, 4),
+    h(ApiKey::WriteTxnMarkers, 1, 1),
+    h(ApiKey::DescribeProducers, 0, 0),
+    h(ApiKey::DescribeTransactions, 0, 0),
+    h(ApiKey::ListTransactions, 0, 2),
     h(ApiKey::OffsetForLeaderEpoch, 2, 4),
     h(ApiKey::DescribeConfigs, 1, 4),
     h(ApiKey::AlterConfigs, 0, 2),
@@ -309,6 +313,30 @@ pub async fn start(
             )))
         }
         .boxed_local(),
+        RequestKind::WriteTxnMarkers(req) => async move {
+            Reply::Send(respond(ResponseKind::WriteTxnMarkers(
+                handlers::write_txn_markers::handle(ctx, req).await,
+            )))
+        }
+        .boxed_local(),
+        RequestKind::DescribeProducers(req) => async move {
+            Reply::Send(respond(ResponseKind::DescribeProducers(
+                handlers::describe_producers::handle(ctx, req).await,
+            )))
+        }
+        .boxed_local(),
+        RequestKind::DescribeTransactions(req) => async move {
+            Reply::Send(respond(ResponseKind::DescribeTransactions(
+                handlers::describe_transactions::handle(ctx, req).await,
+            )))
+        }
+        .boxed_local(),
+        RequestKind::ListTransactions(req) => async move {
+            Reply::Send(respond(ResponseKind::ListTransactions(
+                handlers::list_transactions::handle(ctx, req).await,
+            )))
+        }
+        .boxed_local(),
         RequestKind::OffsetForLeaderEpoch(req) => async move {
             Reply::Send(respond(ResponseKind::OffsetForLeaderEpoch(
                 handlers::offset_for_leader_epoch::handle(ctx, req).await,
@@ -465,6 +493,10 @@ mod tests {
         (ApiKey::AddOffsetsToTxn, 0, 4),
         (ApiKey::EndTxn, 0, 5),
         (ApiKey::TxnOffsetCommit, 0, 5),
+        (ApiKey::WriteTxnMarkers, 1, 1),
+        (ApiKey::DescribeProducers, 0, 0),
+        (ApiKey::DescribeTransactions, 0, 0),
+        (ApiKey::ListTransactions, 0, 2),
         (ApiKey::OffsetForLeaderEpoch, 2, 4),
         (ApiKey::DescribeConfigs, 1, 4),
         (ApiKey::AlterConfigs, 0, 2),

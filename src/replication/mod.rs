@@ -236,6 +236,18 @@ impl Replication {
         }
     }
 
+    /// The producers as this replica has applied them: `producers` for a local partition,
+    /// a Raft replica's applied state (what is below its HW, the same on every replica).
+    pub fn active_producers(
+        &self,
+        producers: &RefCell<ProducerStates>,
+    ) -> Vec<crate::producer_state::ActiveProducer> {
+        match self {
+            Replication::Local(_) => producers.borrow().active(),
+            Replication::Raft(r) => r.applied_active_producers(),
+        }
+    }
+
     /// Checks this replica may take produce requests now; a Raft leader resets `producers`
     /// from its applied state at the start of each term.
     pub fn ready(

@@ -746,6 +746,11 @@ impl<H: Host> Replica<H> {
         self.applied_producers.borrow_mut().first_unstable(hw)
     }
 
+    /// The producers of the applied state (`Replication::active_producers`).
+    pub fn applied_active_producers(&self) -> Vec<crate::producer_state::ActiveProducer> {
+        self.applied_producers.borrow().active()
+    }
+
     /// Offset after the last committed batch.
     pub fn high_watermark(&self) -> i64 {
         self.hw.get()

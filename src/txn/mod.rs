@@ -67,6 +67,21 @@ pub enum TxnState {
 }
 
 impl TxnState {
+    /// Its name in ListTransactions and DescribeTransactions (Kafka's `TransactionState`).
+    pub fn name(self) -> &'static str {
+        use TxnState::*;
+        match self {
+            Empty => "Empty",
+            Ongoing => "Ongoing",
+            PrepareCommit => "PrepareCommit",
+            PrepareAbort => "PrepareAbort",
+            CompleteCommit => "CompleteCommit",
+            CompleteAbort => "CompleteAbort",
+            Dead => "Dead",
+            PrepareEpochFence => "PrepareEpochFence",
+        }
+    }
+
     pub fn from_id(id: i8) -> Option<TxnState> {
         use TxnState::*;
         [
@@ -160,6 +175,12 @@ impl TxnCoordinator {
     pub fn unload(&mut self, index: i32) {
         self.partitions.remove(&index);
         self.txns.retain(|_, t| t.partition != index);
+    }
+
+    /// Whether a partition this shard leads is still loading (ListTransactions then answers
+    /// COORDINATOR_LOAD_IN_PROGRESS, as Kafka does).
+    pub fn loading(&self) -> bool {
+        self.partitions.values().any(|c| !c.loaded)
     }
 
     fn is_current_load(&self, index: i32, load: u64) -> bool {
@@ -741,6 +762,27 @@ pub async fn end_txn(
             })
             .detach();
             Ok(())
+        }
+        .boxed_local()
+    })
+    .await
+}
+
+/// DescribeTransactions: the state of `transactional_id` at its coordinator
+/// (TRANSACTIONAL_ID_NOT_FOUND if it has none).
+pub async fn describe(
+    shard: &Rc<Shard>,
+    transactional_id: String,
+) -> Result<TxnValue, BrokerError> {
+    let id = transactional_id.clone();
+    on_txn(shard, &id, move |shard, _| {
+        async move {
+            let txns = shard.txns.borrow();
+            txns.txns
+                .get(&transactional_id)
+                .filter(|t| t.value.state != TxnState::Dead)
+                .map(|t| t.value.clone())
+                .ok_or(BrokerError::TransactionalIdNotFound)
         }
         .boxed_local()
     })

@@ -17,7 +17,7 @@ from support import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
 
-from check import batches, checker, nemesis  # noqa: E402
+from check import batches, checker, nemesis, txn  # noqa: E402
 from check.workload import History  # noqa: E402
 
 
@@ -198,6 +198,57 @@ def test_offset_resets_and_an_unrecovered_cluster():
 def test_a_broker_that_exits_by_itself_is_a_crash():
     h, final = clean_history()
     assert counts(h, final, crashes=[(3.0, 2, 134)]) == {"crash": 1}
+
+
+def txn_history():
+    """Three transactions of one producer over two partitions, committed, aborted and
+    unknown (the last not written), a read_committed consumer that read the committed one,
+    and the final read_committed log."""
+    h = History()
+    for n, outcome in ((1, "committed"), (2, "aborted"), (3, "unknown")):
+        records = [(f"t0.1-t{n}-{i}", i % 2) for i in range(3)]
+        h.txns.append({"id": f"t0.1-t{n}", "records": records, "commit": n != 2, "outcome": outcome, "t0": n, "t1": n + 0.5})
+    final = {0: {0: "t0.1-t1-0", 1: "t0.1-t1-2"}, 1: {0: "t0.1-t1-1"}}
+    h.txn_polls += [(0, 0, "t0.1-t1-0", 2.0), (1, 0, "t0.1-t1-1", 2.0), (0, 1, "t0.1-t1-2", 2.1)]
+    return h, final
+
+
+def txn_counts(h, final, stuck=None):
+    a = checker.Anomalies()
+    txn.check(h, final, stuck or {}, a)
+    return {k: v for k, v in a.counts.items() if v}
+
+
+def test_a_clean_transactional_history_has_no_anomalies():
+    assert txn_counts(*txn_history()) == {}
+
+
+def test_a_committed_transaction_missing_a_record_is_lost_and_partial():
+    h, final = txn_history()
+    del final[1][0]
+    h.txn_polls.pop(1)
+    assert txn_counts(h, final) == {"txn-lost-commit": 1, "txn-partial": 1}
+
+
+def test_records_of_an_aborted_transaction_read_committed():
+    h, final = txn_history()
+    final[1][5] = "t0.1-t2-1"
+    h.txn_polls.append((0, 7, "t0.1-t2-0", 3.0))
+    # In the final log (and partial there), and polled.
+    assert txn_counts(h, final) == {"txn-aborted-read": 2, "txn-partial": 1}
+
+
+def test_a_polled_record_not_in_the_final_log_is_a_dirty_read():
+    h, final = txn_history()
+    h.txn_polls.append((1, 9, "t0.1-t3-1", 4.0))
+    assert txn_counts(h, final) == {"txn-dirty-read": 1}
+
+
+def test_transactional_duplicates_disorder_and_a_stuck_partition():
+    h, final = txn_history()
+    final[0] = {0: "t0.1-t1-2", 1: "t0.1-t1-0", 2: "t0.1-t1-2"}
+    assert txn_counts(h, final, stuck={1: "last stable offset 3, high watermark 9"}) == {
+        "txn-duplicated": 1, "txn-order": 1, "txn-stuck": 1}  # fmt: skip
 
 
 def test_help_lists_the_options():

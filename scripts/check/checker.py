@@ -28,6 +28,7 @@ Each anomaly kind counts cases and keeps a few examples:
 - crash: a broker process that exited without the nemesis killing it, or failed its shutdown.
 - unrecovered: the cluster not back to a leader and full ISR for every partition within the
   nemesis's recovery time, or a final read that could not reach the high watermark.
+- txn-*: the transactional workload's, described in `txn.py`.
 
 An acknowledgement without an offset (librdkafka's answer to DUPLICATE_SEQUENCE_NUMBER) is
 checked only for loss.
@@ -39,6 +40,8 @@ from collections import defaultdict
 KINDS = (
     "lost", "inconsistent-offsets", "duplicated", "unseen", "nonmonotonic-send", "nonmonotonic-poll",
     "poll-skip", "committed-regression", "stale-offset-read", "offset-reset", "crash", "unrecovered",
+    # The transactional workload's (`txn.check`).
+    "txn-lost-commit", "txn-aborted-read", "txn-partial", "txn-duplicated", "txn-dirty-read", "txn-order", "txn-stuck",
 )  # fmt: skip
 EXAMPLES = 10
 

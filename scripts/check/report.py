@@ -108,6 +108,9 @@ def write(out, run, history, faults, anomalies, notes):
         f"| duplicates resent by a client under a bumped epoch (allowed; librdkafka#4953) | {notes['duplicates-after-epoch-bump']} |",
         f"| brokers that stopped by themselves on a broken disk (allowed) | {len(run['disk_exits'])} |",
         f"| client errors reported | {len(history.client_errors)} |",
+        *([f"| transactions committed / aborted / outcome unknown (of those, found read_committed) | "
+           f"{notes['transactions-committed']} / {notes['transactions-aborted']} / {notes['transactions-unknown']} "
+           f"({notes['transactions-unknown-found']}) |"] if "transactions-committed" in notes else []),
         "",
         f"Consumers caught up with the final high watermarks: **{'yes' if run['consumers_caught_up'] else 'no: unseen was not checked'}**.",
         *([f"**The run itself failed:** {'; '.join(run['run_failures'])}."] if run["run_failures"] else []),

@@ -1,7 +1,7 @@
-"""ferrolog-check: runs the queue workload against a cluster it starts (ferrolog or Apache
-Kafka), with the nemesis's faults, then heals everything, reads the whole log back and
-checks the history. Exit status 0: no anomaly; 1: anomalies (see the report); 2: the run
-itself failed.
+"""ferrolog-check: runs the queue workload (and the transactional one, `txn`) against a
+cluster it starts (ferrolog or Apache Kafka), with the nemesis's faults, then heals
+everything, reads the whole log back and checks the history. Exit status 0: no anomaly; 1:
+anomalies (see the report); 2: the run itself failed.
 """
 
 import argparse
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from confluent_kafka.admin import NewTopic
 
-from check import batches, checker, nemesis, report
+from check import batches, checker, nemesis, report, txn
 from check.cluster import REPO_ROOT, Cluster, raise_memlock
 from check.workload import ConsumerWorker, History, ProducerWorker, read_everything
 
@@ -49,6 +49,8 @@ def parse_args(argv):
     ap.add_argument("--producers", type=int, default=3)
     ap.add_argument("--idempotent", type=int, default=2, help="how many of the producers use idempotence")
     ap.add_argument("--rate", type=float, default=100, help="records per second per producer")
+    ap.add_argument("--transactional", type=int, default=1,
+                    help="transactional producers, on a topic of their own (0: none)")  # fmt: skip
     ap.add_argument("--cores", type=int, default=2, help="ferrolog: shards per node")
     ap.add_argument("--bin", help="ferrolog binary (default: $FERROLOG_BIN, else target/release/ferrolog, built if missing)")
     ap.add_argument("--out", help="report directory (default: check-results/<time>-<target>)")
@@ -93,8 +95,12 @@ def create_topic(cluster, args):
     admin = cluster.admin()
     wait_for("every broker registered", lambda: len(admin.list_topics(timeout=5).brokers) == args.nodes, 120)
     topic = NewTopic(TOPIC, args.partitions, args.nodes, config={"min.insync.replicas": str(min(2, args.nodes))})
-    admin.create_topics([topic])[TOPIC].result(timeout=60)
-    wait_for("every partition led with a full ISR", lambda: cluster.all_led(TOPIC, args.partitions), 120)
+    topics = [topic]
+    if args.transactional:
+        topics.append(NewTopic(txn.TOPIC, args.partitions, args.nodes, config={"min.insync.replicas": str(min(2, args.nodes))}))
+    for name, future in admin.create_topics(topics).items():
+        future.result(timeout=60)
+        wait_for(f"every partition of {name} led with a full ISR", lambda: cluster.all_led(name, args.partitions), 120)
 
 
 def main(argv=None):
@@ -164,6 +170,7 @@ class Run:
         self.reported = set()  # threads whose failure is in `failures`
         self.unrecovered = []  # (t, what)
         self.final, self.highs, self.caught_up = None, {}, False  # final: None until read
+        self.txn_final, self.txn_stuck = None, {}  # the transactional topic, read_committed
 
     def go(self):
         args, h = self.args, History()
@@ -178,6 +185,12 @@ class Run:
             ConsumerWorker(mode, bootstrap, TOPIC, args.partitions, mode, h, self.stop_consuming)
             for mode in ("assign", "subscribe")
         ]  # fmt: skip
+        self.producers += [
+            txn.TxnProducerWorker(f"t{i}", bootstrap, args.partitions, args.rate / 5, h, self.stop_producing, args.seed + i)
+            for i in range(args.transactional)
+        ]  # fmt: skip
+        if args.transactional:
+            self.consumers.append(txn.TxnConsumerWorker("read-committed", bootstrap, args.partitions, h, self.stop_consuming))
         self.nemesis = nemesis.Nemesis(self.cluster, TOPIC, h, args.faults, args.seed)
         for w in (*self.consumers, *self.producers, self.nemesis):
             w.start()
@@ -208,9 +221,23 @@ class Run:
             self.failures.append(f"final read failed: {err}")
             return
         self.unrecovered += [(h.now(), f"final read: {p}") for p in problems]
+        queue_consumers = [c for c in self.consumers if not isinstance(c, txn.TxnConsumerWorker)]
+        txn_consumers = [c for c in self.consumers if isinstance(c, txn.TxnConsumerWorker)]
+        if args.transactional:
+            say(h, "waiting for every transaction to close; reading the transactional topic")
+            self.txn_stuck = txn.stable_offsets(bootstrap, args.partitions, txn.SETTLE_S)
+            try:
+                self.txn_final, txn_highs, problems = txn.read_committed_log(bootstrap, args.partitions)
+            except Exception as err:  # KafkaException: no watermarks at all
+                self.failures.append(f"final read of {txn.TOPIC} failed: {err}")
+                return
+            self.unrecovered += [(h.now(), f"final read of {txn.TOPIC}: {p}") for p in problems]
+        else:
+            txn_highs = {}
         try:
             wait_for("consumers to reach the high watermarks", lambda: all(
-                c.positions.get(p, 0) >= hw for c in self.consumers for p, hw in self.highs.items() if hw > 0), 120)  # fmt: skip
+                c.positions.get(p, 0) >= hw for c in queue_consumers for p, hw in self.highs.items() if hw > 0) and all(
+                c.positions.get(p, 0) >= hw for c in txn_consumers for p, hw in txn_highs.items() if hw > 0), 120)  # fmt: skip
             self.caught_up = True
         except RuntimeError as err:
             say(h, f"{err}; unseen records are not checked")
@@ -250,6 +277,10 @@ class Run:
         batch_of = batches.reader(self.cluster.admin(), TOPIC) if self.final is not None else None
         self.anomalies, notes = checker.check(h, self.final, nem.crashes, self.unrecovered + nem.unrecovered,
                                               consumers_caught_up=self.caught_up, batch_of=batch_of)  # fmt: skip
+        if self.txn_final is not None:
+            notes.update(txn.check(h, self.txn_final, self.txn_stuck, self.anomalies))
+        elif self.args.transactional:
+            self.failures.append(f"no final read of {txn.TOPIC}: transactions were not checked")
         args = self.args
         summary = {
             "target": args.target, "seed": args.seed, "seconds": h.now(), "nodes": args.nodes,
@@ -263,7 +294,8 @@ class Run:
         }  # fmt: skip
         report.write(self.out, summary, h, nem.faults, self.anomalies, notes)
         with gzip.open(self.out / "history.jsonl.gz", "wt") as f:
-            for kind in ("sends", "polls", "commits", "committed_reads", "resumes", "resets", "client_errors"):
+            for kind in ("sends", "polls", "commits", "committed_reads", "resumes", "resets", "client_errors", "txns",
+                         "txn_polls"):  # fmt: skip
                 for row in getattr(h, kind):
                     f.write(json.dumps([kind, *row]) + "\n")
         for kind, count in self.anomalies.counts.items():

@@ -33,6 +33,8 @@ class History:
         self.resumes = []  # (consumer, epoch, t, {partition: offset, -1: none}, from the group's commits?)
         self.resets = []  # (consumer, t, error): an offset the broker could not serve
         self.client_errors = []  # (t, client, error)
+        self.txns = []  # transactions, as `txn.TxnProducerWorker` records them
+        self.txn_polls = []  # (partition, offset, value, t) of the read_committed consumer
 
     def now(self):
         return time.monotonic() - self.t0
@@ -228,12 +230,13 @@ def _high_watermark(consumer, topic, partition, give_up_at):
             time.sleep(1)
 
 
-def read_everything(bootstrap, topic, partitions, timeout_s=120):
+def read_everything(bootstrap, topic, partitions, timeout_s=120, isolation="read_uncommitted"):
     """The whole log after the run: ({partition: {offset: value}}, {partition: high watermark},
     what could not be read). The watermarks are read again at the end: a change means the
-    cluster was not settled, which is reported, not taken as loss."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "check-final", "enable.auto.commit": False,
-                  "auto.offset.reset": "earliest", **CLIENT_TIMEOUTS})  # fmt: skip
+    cluster was not settled, which is reported, not taken as loss. With read_committed, the
+    "high watermark" is the last stable offset."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-final-{topic}", "enable.auto.commit": False,
+                  "auto.offset.reset": "earliest", "isolation.level": isolation, **CLIENT_TIMEOUTS})  # fmt: skip
     try:
         # Asked again while the cluster settles: a node restarted by the healing may still be
         # starting, and librdkafka then fails a query at once (seen: "Unknown partition").
@@ -248,8 +251,11 @@ def read_everything(bootstrap, topic, partitions, timeout_s=120):
                 if m.error():
                     continue
                 log[m.partition()][m.offset()] = m.value().decode(errors="replace") if m.value() is not None else "<null>"
-                if m.offset() + 1 >= highs[m.partition()]:
-                    done.add(m.partition())
+            # By position, not by the last record: a transaction marker, never delivered, may
+            # end the log.
+            for tp in c.position([TopicPartition(topic, p) for p in range(partitions) if p not in done]):
+                if tp.offset >= highs[tp.partition]:
+                    done.add(tp.partition)
         problems = [f"partition {p}: read to {max(log[p], default=-1) + 1} of high watermark {highs[p]} in {timeout_s} s"
                     for p in range(partitions) if p not in done]  # fmt: skip
         for p in range(partitions):

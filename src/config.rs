@@ -80,6 +80,12 @@ pub struct TxnConfig {
     /// `transaction.abort.timed.out.transaction.cleanup.interval.ms` (default 10000): how
     /// often transactions past their timeout are looked for and aborted.
     pub abort_timed_out_interval_ms: i64,
+    /// `transactional.id.expiration.ms` (default 604800000, 7 days): a transactional id with
+    /// no transaction open and no change for this long is forgotten (its producer id too).
+    pub id_expiration_ms: i64,
+    /// `transaction.remove.expired.transaction.cleanup.interval.ms` (default 3600000): how
+    /// often expired transactional ids are looked for.
+    pub remove_expired_interval_ms: i64,
 }
 
 impl Default for TxnConfig {
@@ -91,6 +97,8 @@ impl Default for TxnConfig {
             topic_segment_bytes: 104_857_600,
             max_timeout_ms: 900_000,
             abort_timed_out_interval_ms: 10_000,
+            id_expiration_ms: 604_800_000,
+            remove_expired_interval_ms: 3_600_000,
         }
     }
 }
@@ -773,6 +781,12 @@ impl BrokerConfig {
                 }
                 "transaction.abort.timed.out.transaction.cleanup.interval.ms" => {
                     self.txn.abort_timed_out_interval_ms = int(1, i64::from(i32::MAX))?
+                }
+                "transactional.id.expiration.ms" => {
+                    self.txn.id_expiration_ms = int(1, i64::from(i32::MAX))?
+                }
+                "transaction.remove.expired.transaction.cleanup.interval.ms" => {
+                    self.txn.remove_expired_interval_ms = int(1, i64::from(i32::MAX))?
                 }
                 "offsets.topic.num.partitions" => {
                     self.group.offsets_topic_partitions = int(1, 100_000)? as i32

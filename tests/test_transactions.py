@@ -502,3 +502,53 @@ def test_transaction_admin_apis_answer_bad_requests_as_kafka(broker):
         assert (code, producers) == (w.UNKNOWN_TOPIC_OR_PARTITION, []) and message, (code, message)
     p.commit_transaction(60)
     assert sorted(_read(broker.bootstrap, topic, 1, "read_committed")) == ["one", "two"]
+
+
+def _describe_txn(bootstrap, txn_id):
+    """DescribeTransactions v0 of one id on a single broker: (error code, state, producer id)."""
+    import kafka_wire as w
+
+    with w.Connection(bootstrap) as conn:
+        r = w.Reader(conn.request(65, 0, w.compact_array([w.compact_string(txn_id)]) + w.NO_TAGS, flexible=True))
+        r.i32()
+        topic = lambda r: (r.compact_string(), r.compact_array(lambda r: r.i32()), r.tags())  # noqa: E731
+        state = lambda r: (r.i16(), r.compact_string(), r.compact_string(), r.i32(), r.i64(), r.i64(), r.i16(),  # noqa: E731
+                           r.compact_array(topic), r.tags())  # fmt: skip
+        [(code, _, name, _, _, producer_id, _, _, _)] = r.compact_array(state)
+        return code, name, producer_id
+
+
+@pytest.mark.broker_config({"transactional.id.expiration.ms": 3000,
+                            "transaction.remove.expired.transaction.cleanup.interval.ms": 500})  # fmt: skip
+def test_idle_transactional_ids_expire(broker):
+    """transactional.id.expiration.ms: an id with no transaction open and no change for that
+    long is forgotten (TRANSACTIONAL_ID_NOT_FOUND, and its next producer gets a new producer
+    id), also after a restart; one with a transaction open is kept."""
+    topic = "txn-expiry"
+    _create(broker.bootstrap, topic, 1)
+    idle = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "txn-expiry-idle"})
+    idle.init_transactions(60)
+    idle.begin_transaction()
+    idle.produce(topic, value=b"committed", partition=0)
+    idle.commit_transaction(60)
+    # CompleteCommit once its markers are written, a moment after the commit returned.
+    wait_until(lambda: _describe_txn(broker.bootstrap, "txn-expiry-idle")[:2] == (0, "CompleteCommit"), "completed")
+    first_pid = _describe_txn(broker.bootstrap, "txn-expiry-idle")[2]
+    busy = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "txn-expiry-open",
+                     "transaction.timeout.ms": 120_000})  # fmt: skip
+    busy.init_transactions(60)
+    busy.begin_transaction()
+    busy.produce(topic, value=b"open", partition=0)
+    assert busy.flush(30) == 0
+
+    wait_until(lambda: _describe_txn(broker.bootstrap, "txn-expiry-idle")[0] == 105, "the idle id expired", timeout_s=60)
+    assert _describe_txn(broker.bootstrap, "txn-expiry-open")[:2] == (0, "Ongoing")
+    broker.restart()
+    # Once the coordinator serves again (Apache Kafka answers NOT_COORDINATOR meanwhile).
+    code = wait_until(lambda: _describe_txn(broker.bootstrap, "txn-expiry-idle")[0] not in (14, 15, 16) and
+                      _describe_txn(broker.bootstrap, "txn-expiry-idle")[0], "the coordinator serves")  # fmt: skip
+    assert code == 105, f"the expired id is back after a restart ({code})"
+    again = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "txn-expiry-idle"})
+    again.init_transactions(60)
+    code, _, pid = _describe_txn(broker.bootstrap, "txn-expiry-idle")
+    assert code == 0 and pid != first_pid, (code, pid, first_pid)

@@ -195,6 +195,16 @@ impl TxnCoordinator {
             .map(|c| c.load)
     }
 
+    /// The ids of loaded partitions that may be forgotten at `now` (`expirable`).
+    fn expired(&self, now: i64, expiration_ms: i64) -> Vec<String> {
+        self.txns
+            .iter()
+            .filter(|(_, t)| self.partitions.get(&t.partition).is_some_and(|c| c.loaded))
+            .filter(|(_, t)| !t.busy && expirable(t, now, expiration_ms))
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
     /// The ids of loaded partition `index` whose transaction is prepared (their markers are
     /// to be written) or, with `timeouts`, has run past its timeout at `now`.
     fn due(&self, index: i32, now: i64, timeouts: bool) -> Vec<String> {
@@ -327,22 +337,80 @@ pub fn follow_leadership(shard: &Rc<Shard>) {
 const TICK_MS: u64 = 100;
 
 /// The shard's periodic work for its `__transaction_state` partitions: follows their
-/// leadership, finishes prepared transactions (after a load), and every
+/// leadership, finishes prepared transactions (after a load), every
 /// `transaction.abort.timed.out.transaction.cleanup.interval.ms` aborts those past their
-/// timeout.
+/// timeout, and every `transaction.remove.expired.transaction.cleanup.interval.ms` forgets
+/// the ids past `transactional.id.expiration.ms`.
 pub async fn tick_loop(shard: Rc<Shard>) {
-    let interval = shard.config.txn.abort_timed_out_interval_ms;
-    let mut next_timeouts = now_ms() + interval;
+    let cfg = shard.config.txn.clone();
+    let mut next_timeouts = now_ms() + cfg.abort_timed_out_interval_ms;
+    let mut next_expiry = now_ms() + cfg.remove_expired_interval_ms;
     loop {
         glommio::timer::sleep(Duration::from_millis(TICK_MS)).await;
         follow_leadership(&shard);
         let now = now_ms();
         let timeouts = now >= next_timeouts;
         if timeouts {
-            next_timeouts = now + interval;
+            next_timeouts = now + cfg.abort_timed_out_interval_ms;
         }
         tick(&shard, now, timeouts);
+        if now >= next_expiry {
+            next_expiry = now + cfg.remove_expired_interval_ms;
+            let expired = shard.txns.borrow().expired(now, cfg.id_expiration_ms);
+            for id in expired {
+                let shard = shard.clone();
+                glommio::spawn_local(async move {
+                    if let Err(e) = expire(&shard, &id, cfg.id_expiration_ms).await {
+                        tracing::debug!(id, error = %e, "could not expire a transactional id yet");
+                    }
+                })
+                .detach();
+            }
+        }
     }
+}
+
+/// Whether `txn` may be forgotten at `now` (Kafka's `shouldExpire`): no transaction open or
+/// being finished, and no change for `expiration_ms`.
+fn expirable(txn: &Txn, now: i64, expiration_ms: i64) -> bool {
+    let idle = matches!(
+        txn.value.state,
+        TxnState::Empty | TxnState::CompleteCommit | TxnState::CompleteAbort
+    );
+    idle && txn.value.last_update_ms <= now - expiration_ms
+}
+
+/// Forgets transactional id `id` (on this shard) if it is still expirable once claimed:
+/// writes its tombstone, then drops it, as Kafka does (its producer id goes with it: the
+/// next InitProducerId of the id gets a new one).
+async fn expire(shard: &Rc<Shard>, id: &str, expiration_ms: i64) -> Result<(), BrokerError> {
+    let Some(index) = shard.txns.borrow().txns.get(id).map(|t| t.partition) else {
+        return Ok(());
+    };
+    let tp = TopicPartition {
+        topic: TRANSACTION_TOPIC.to_string(),
+        partition: index,
+    };
+    let partition = shard.partition(&tp).ok_or(BrokerError::NotCoordinator)?;
+    check_coordinator(shard, &partition).await?;
+    claim(shard, id)?;
+    let _busy = Busy { shard, id };
+    let still = shard
+        .txns
+        .borrow()
+        .txns
+        .get(id)
+        .is_some_and(|t| expirable(t, now_ms(), expiration_ms));
+    if !still {
+        return Ok(());
+    }
+    let load = append(shard, &partition, id, None).await?;
+    let mut txns = shard.txns.borrow_mut();
+    if txns.is_current_load(partition.index, load) {
+        tracing::info!(id, "transactional id expired");
+        txns.txns.remove(id);
+    }
+    Ok(())
 }
 
 fn tick(shard: &Rc<Shard>, now: i64, timeouts: bool) {
@@ -460,9 +528,7 @@ impl Drop for Busy<'_> {
 }
 
 /// Writes `value` for `id` to its partition and, once durable and if this is still the load
-/// it began in, takes it as the id's state (with `last_epoch`). Kafka's answers for a write
-/// that fails: NOT_COORDINATOR when this node stopped leading, COORDINATOR_NOT_AVAILABLE
-/// otherwise.
+/// it began in, takes it as the id's state (with `last_epoch`).
 async fn write(
     shard: &Shard,
     partition: &Rc<Partition>,
@@ -470,27 +536,7 @@ async fn write(
     value: TxnValue,
     last_epoch: i16,
 ) -> Result<(), BrokerError> {
-    let load = shard
-        .txns
-        .borrow()
-        .loaded_in(partition.index, partition.leader_epoch())
-        .ok_or(BrokerError::NotCoordinator)?;
-    let key = codec::encode_key(id);
-    let encoded = codec::encode_value(&value);
-    let now = now_ms();
-    let batch = crate::group::codec::encode_key_value_batch(&[(&key[..], Some(&encoded[..]))], now);
-    partition
-        .append_batch(&batch, now)
-        .await
-        .map_err(|e| match e {
-            BrokerError::NotLeaderOrFollower | BrokerError::Storage(_) => {
-                BrokerError::NotCoordinator
-            }
-            e => {
-                tracing::warn!(id, error = %e, "writing to {TRANSACTION_TOPIC} failed");
-                BrokerError::CoordinatorNotAvailable(e.to_string())
-            }
-        })?;
+    let load = append(shard, partition, id, Some(&value)).await?;
     let mut txns = shard.txns.borrow_mut();
     if !txns.is_current_load(partition.index, load) {
         return Err(BrokerError::NotCoordinator);
@@ -504,6 +550,39 @@ async fn write(
     txn.value = value;
     txn.last_epoch = last_epoch;
     Ok(())
+}
+
+/// Appends `id`'s record (`value`, or a tombstone) to its partition and waits until it is
+/// durable; returns the load it was written in. Kafka's answers for a write that fails:
+/// NOT_COORDINATOR when this node stopped leading, COORDINATOR_NOT_AVAILABLE otherwise.
+async fn append(
+    shard: &Shard,
+    partition: &Rc<Partition>,
+    id: &str,
+    value: Option<&TxnValue>,
+) -> Result<u64, BrokerError> {
+    let load = shard
+        .txns
+        .borrow()
+        .loaded_in(partition.index, partition.leader_epoch())
+        .ok_or(BrokerError::NotCoordinator)?;
+    let key = codec::encode_key(id);
+    let encoded = value.map(codec::encode_value);
+    let now = now_ms();
+    let batch = crate::group::codec::encode_key_value_batch(&[(&key[..], encoded.as_deref())], now);
+    partition
+        .append_batch(&batch, now)
+        .await
+        .map_err(|e| match e {
+            BrokerError::NotLeaderOrFollower | BrokerError::Storage(_) => {
+                BrokerError::NotCoordinator
+            }
+            e => {
+                tracing::warn!(id, error = %e, "writing to {TRANSACTION_TOPIC} failed");
+                BrokerError::CoordinatorNotAvailable(e.to_string())
+            }
+        })?;
+    Ok(load)
 }
 
 /// A new producer id from this node's range (persisted on shard 0 before it is handed out).

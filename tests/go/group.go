@@ -321,8 +321,8 @@ func runOffsets(bootstrap, group, topic string) error {
 	return err
 }
 
-// groupMain runs a subcommand other than the round trip; ok is false when
-// os.Args names none.
+// groupMain runs a subcommand other than the round trip (those above, and "eos"
+// of txn.go); ok is false when os.Args names none.
 func groupMain() (ok bool, err error) {
 	if len(os.Args) < 2 {
 		return false, nil
@@ -342,6 +342,19 @@ func groupMain() (ok bool, err error) {
 			return true, errors.New("usage: franzcheck offsets BOOTSTRAP GROUP TOPIC")
 		}
 		return true, runOffsets(os.Args[2], os.Args[3], os.Args[4])
+	case "eos":
+		if len(os.Args) != 11 {
+			return true, errors.New("usage: franzcheck eos BOOTSTRAP GROUP IN_TOPIC OUT_TOPIC TXN_ID BATCH DELAY_MS INIT CRASH")
+		}
+		batch, err := strconv.Atoi(os.Args[7])
+		if err != nil || batch < 1 {
+			return true, fmt.Errorf("BATCH %q: want a positive count", os.Args[7])
+		}
+		delay, err := strconv.Atoi(os.Args[8])
+		if err != nil {
+			return true, fmt.Errorf("DELAY_MS: %w", err)
+		}
+		return true, runEOS(os.Args[2], os.Args[3], os.Args[4], os.Args[5], os.Args[6], batch, delay, os.Args[9], os.Args[10])
 	}
 	return false, nil
 }

@@ -2,7 +2,8 @@
 //
 // Usage: franzcheck BOOTSTRAP SPEC_JSON RESULT_JSON
 //
-// (group.go adds the consumer-group subcommands "group" and "offsets".)
+// (group.go adds the consumer-group subcommands "group" and "offsets", txn.go the
+// exactly-once pipeline member "eos".)
 //
 // It creates the spec's topic with kadm, produces each compression group with its
 // own kgo client (idempotent, acks=all, manual partitioning, explicit timestamps)

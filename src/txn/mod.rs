@@ -49,6 +49,10 @@ const EPOCH_MAX: i16 = i16::MAX - 1;
 const LOAD_READ_BYTES: usize = 1 << 20;
 /// Pause between rounds of writing markers a partition could not take yet.
 const MARKER_RETRY: Duration = Duration::from_millis(100);
+/// How long the coordinator waits before writing again the markers of a transaction a
+/// partition refused as fenced (a newer coordinator, or a WriteTxnMarkers sent by a client
+/// with a higher coordinator epoch, holds it there).
+const FENCED_RETRY_MS: i64 = 10_000;
 /// How long one round of markers to another node may take.
 const MARKER_TTL: Duration = Duration::from_secs(30);
 
@@ -109,8 +113,11 @@ pub struct Txn {
     /// The epoch before the last bump, so a retried InitProducerId is answered again (-1:
     /// not known, as after a load).
     last_epoch: i16,
-    /// A change is being written (or markers are): other requests wait.
-    busy: bool,
+    /// The claim of the request writing a change (or markers): others wait.
+    busy: Option<u64>,
+    /// Not before this time (ms) does the tick try to finish it again: set when a partition
+    /// refused its markers as fenced.
+    retry_at: i64,
 }
 
 /// A partition of `__transaction_state` this shard coordinates.
@@ -126,8 +133,11 @@ struct Coordinated {
 #[derive(Default)]
 pub struct TxnCoordinator {
     pub txns: BTreeMap<String, Txn>,
-    /// Ids whose first state is being written: busy too, though not in `txns` yet.
-    creating: BTreeSet<String>,
+    /// Ids whose first state is being written, with the claim doing it: busy too, though
+    /// not in `txns` yet.
+    creating: BTreeMap<String, u64>,
+    /// The last claim handed out (`claim`).
+    next_claim: u64,
     partitions: HashMap<i32, Coordinated>,
     next_load: u64,
 }
@@ -200,7 +210,7 @@ impl TxnCoordinator {
         self.txns
             .iter()
             .filter(|(_, t)| self.partitions.get(&t.partition).is_some_and(|c| c.loaded))
-            .filter(|(_, t)| !t.busy && expirable(t, now, expiration_ms))
+            .filter(|(_, t)| t.busy.is_none() && expirable(t, now, expiration_ms))
             .map(|(id, _)| id.clone())
             .collect()
     }
@@ -213,7 +223,7 @@ impl TxnCoordinator {
         }
         self.txns
             .iter()
-            .filter(|(_, t)| t.partition == index && !t.busy)
+            .filter(|(_, t)| t.partition == index && t.busy.is_none() && t.retry_at <= now)
             .filter(|(_, t)| match t.value.state {
                 TxnState::PrepareCommit | TxnState::PrepareAbort => true,
                 TxnState::Ongoing => {
@@ -299,7 +309,8 @@ fn replay(c: &mut TxnCoordinator, index: i32, key: &[u8], value: Option<&[u8]>) 
                     partition: index,
                     value,
                     last_epoch: -1,
-                    busy: false,
+                    busy: None,
+                    retry_at: 0,
                 },
             );
         }
@@ -393,8 +404,7 @@ async fn expire(shard: &Rc<Shard>, id: &str, expiration_ms: i64) -> Result<(), B
     };
     let partition = shard.partition(&tp).ok_or(BrokerError::NotCoordinator)?;
     check_coordinator(shard, &partition).await?;
-    claim(shard, id)?;
-    let _busy = Busy { shard, id };
+    let busy = claim(&shard.txns, &partition, id)?;
     let still = shard
         .txns
         .borrow()
@@ -404,9 +414,9 @@ async fn expire(shard: &Rc<Shard>, id: &str, expiration_ms: i64) -> Result<(), B
     if !still {
         return Ok(());
     }
-    let load = append(shard, &partition, id, None).await?;
+    append(shard, &partition, &busy, None).await?;
     let mut txns = shard.txns.borrow_mut();
-    if txns.is_current_load(partition.index, load) {
+    if txns.is_current_load(partition.index, busy.load) {
         tracing::info!(id, "transactional id expired");
         txns.txns.remove(id);
     }
@@ -495,78 +505,121 @@ async fn check_coordinator(shard: &Shard, partition: &Partition) -> Result<u64, 
     serves()
 }
 
-/// Marks `id` busy (an id not known yet too, so two first InitProducerIds cannot both
-/// create it), or says why it cannot change now.
-fn claim(shard: &Shard, id: &str) -> Result<(), BrokerError> {
-    let mut c = shard.txns.borrow_mut();
-    let c = &mut *c;
-    match c.txns.get_mut(id) {
-        Some(t) if t.busy => Err(BrokerError::ConcurrentTransactions),
-        Some(t) => {
-            t.busy = true;
-            Ok(())
-        }
-        None if !c.creating.insert(id.to_string()) => Err(BrokerError::ConcurrentTransactions),
-        None => Ok(()),
-    }
+/// Claims `id` for a change, in the load of `partition` under way (NOT_COORDINATOR if it
+/// is not loaded in its current leader epoch): CONCURRENT_TRANSACTIONS while another
+/// request holds it. An id not known yet is claimed too, so two first InitProducerIds
+/// cannot both create it. The claim ends when the returned `Busy` is dropped.
+fn claim<'a>(
+    txns: &'a RefCell<TxnCoordinator>,
+    partition: &Partition,
+    id: &'a str,
+) -> Result<Busy<'a>, BrokerError> {
+    claim_in(txns, partition.index, partition.leader_epoch(), id)
 }
 
-/// Releases `id` when dropped (the request finished, failed, or was dropped).
-struct Busy<'a> {
-    shard: &'a Shard,
+/// `claim` of partition `index` in leader epoch `epoch`.
+fn claim_in<'a>(
+    txns: &'a RefCell<TxnCoordinator>,
+    index: i32,
+    epoch: i32,
     id: &'a str,
+) -> Result<Busy<'a>, BrokerError> {
+    let mut c = txns.borrow_mut();
+    let c = &mut *c;
+    let load = c
+        .loaded_in(index, epoch)
+        .ok_or(BrokerError::NotCoordinator)?;
+    c.next_claim += 1;
+    let ticket = c.next_claim;
+    match c.txns.get_mut(id) {
+        Some(t) if t.busy.is_some() => return Err(BrokerError::ConcurrentTransactions),
+        Some(t) => t.busy = Some(ticket),
+        None if c.creating.contains_key(id) => return Err(BrokerError::ConcurrentTransactions),
+        None => {
+            c.creating.insert(id.to_string(), ticket);
+        }
+    }
+    Ok(Busy {
+        txns,
+        id,
+        ticket,
+        load,
+    })
+}
+
+/// A claim on an id (`claim`), released when dropped (the request finished, failed, or was
+/// dropped). It releases only itself: a claim from an earlier load, which a reload
+/// replaced, leaves a later one alone.
+struct Busy<'a> {
+    txns: &'a RefCell<TxnCoordinator>,
+    id: &'a str,
+    ticket: u64,
+    /// The load it was claimed in: its writes take effect only while that load lasts.
+    load: u64,
 }
 
 impl Drop for Busy<'_> {
     fn drop(&mut self) {
-        let mut c = self.shard.txns.borrow_mut();
-        c.creating.remove(self.id);
-        if let Some(t) = c.txns.get_mut(self.id) {
-            t.busy = false;
+        let mut c = self.txns.borrow_mut();
+        if c.creating.get(self.id) == Some(&self.ticket) {
+            c.creating.remove(self.id);
+        }
+        if let Some(t) = c
+            .txns
+            .get_mut(self.id)
+            .filter(|t| t.busy == Some(self.ticket))
+        {
+            t.busy = None;
         }
     }
 }
 
-/// Writes `value` for `id` to its partition and, once durable and if this is still the load
-/// it began in, takes it as the id's state (with `last_epoch`).
+/// Writes `value` for the id `busy` claims to its partition and, once durable and if the
+/// load it was claimed in still lasts, takes it as the id's state (with `last_epoch`).
 async fn write(
     shard: &Shard,
     partition: &Rc<Partition>,
-    id: &str,
+    busy: &Busy<'_>,
     value: TxnValue,
     last_epoch: i16,
 ) -> Result<(), BrokerError> {
-    let load = append(shard, partition, id, Some(&value)).await?;
+    append(shard, partition, busy, Some(&value)).await?;
     let mut txns = shard.txns.borrow_mut();
-    if !txns.is_current_load(partition.index, load) {
+    if !txns.is_current_load(partition.index, busy.load) {
         return Err(BrokerError::NotCoordinator);
     }
-    let txn = txns.txns.entry(id.to_string()).or_insert_with(|| Txn {
+    let txn = txns.txns.entry(busy.id.to_string()).or_insert_with(|| Txn {
         partition: partition.index,
         value: value.clone(),
         last_epoch,
-        busy: true, // released by its `Busy`
+        busy: Some(busy.ticket), // released by `busy`
+        retry_at: 0,
     });
     txn.value = value;
     txn.last_epoch = last_epoch;
     Ok(())
 }
 
-/// Appends `id`'s record (`value`, or a tombstone) to its partition and waits until it is
-/// durable; returns the load it was written in. Kafka's answers for a write that fails:
-/// NOT_COORDINATOR when this node stopped leading, COORDINATOR_NOT_AVAILABLE otherwise.
+/// Appends the record (`value`, or a tombstone) of the id `busy` claims to its partition,
+/// if the load it was claimed in still lasts (NOT_COORDINATOR otherwise: a request from an
+/// earlier leadership writes nothing), and waits until it is durable. Kafka's answers for
+/// a write that fails: NOT_COORDINATOR when this node stopped leading,
+/// COORDINATOR_NOT_AVAILABLE otherwise.
 async fn append(
     shard: &Shard,
     partition: &Rc<Partition>,
-    id: &str,
+    busy: &Busy<'_>,
     value: Option<&TxnValue>,
-) -> Result<u64, BrokerError> {
-    let load = shard
+) -> Result<(), BrokerError> {
+    if shard
         .txns
         .borrow()
         .loaded_in(partition.index, partition.leader_epoch())
-        .ok_or(BrokerError::NotCoordinator)?;
-    let key = codec::encode_key(id);
+        != Some(busy.load)
+    {
+        return Err(BrokerError::NotCoordinator);
+    }
+    let (id, key) = (busy.id, codec::encode_key(busy.id));
     let encoded = value.map(codec::encode_value);
     let now = now_ms();
     let batch = crate::group::codec::encode_key_value_batch(&[(&key[..], encoded.as_deref())], now);
@@ -582,7 +635,7 @@ async fn append(
                 BrokerError::CoordinatorNotAvailable(e.to_string())
             }
         })?;
-    Ok(load)
+    Ok(())
 }
 
 /// A new producer id from this node's range (persisted on shard 0 before it is handed out).
@@ -628,9 +681,8 @@ pub async fn init_producer_id(
     let id = req.transactional_id.clone();
     on_txn(shard, &id, move |shard, partition| {
         async move {
-            claim(&shard, &req.transactional_id)?;
             let id = req.transactional_id.as_str();
-            let _busy = Busy { shard: &shard, id };
+            let busy = claim(&shard.txns, &partition, id)?;
             let now = now_ms();
             let current = shard.txns.borrow().txns.get(id).cloned();
             let Some(txn) = current else {
@@ -644,7 +696,7 @@ pub async fn init_producer_id(
                     last_update_ms: now,
                     start_ms: -1,
                 };
-                write(&shard, &partition, id, value, -1).await?;
+                write(&shard, &partition, &busy, value, -1).await?;
                 return Ok((producer_id, 0));
             };
             let v = &txn.value;
@@ -665,7 +717,7 @@ pub async fn init_producer_id(
                         last_update_ms: now,
                         ..v.clone()
                     };
-                    write(&shard, &partition, id, fenced, txn.last_epoch).await?;
+                    write(&shard, &partition, &busy, fenced, txn.last_epoch).await?;
                     return Err(BrokerError::ConcurrentTransactions);
                 }
                 _ => {}
@@ -691,7 +743,7 @@ pub async fn init_producer_id(
                 last_update_ms: now,
                 start_ms: -1,
             };
-            write(&shard, &partition, id, value, last_epoch).await?;
+            write(&shard, &partition, &busy, value, last_epoch).await?;
             Ok((producer_id, epoch))
         }
         .boxed_local()
@@ -727,7 +779,7 @@ pub async fn add_partitions(
             let value = {
                 let txns = shard.txns.borrow();
                 let txn = check_producer(txns.txns.get(id), producer_id, epoch)?;
-                if txn.busy {
+                if txn.busy.is_some() {
                     return Err(BrokerError::ConcurrentTransactions);
                 }
                 let v = &txn.value;
@@ -751,15 +803,14 @@ pub async fn add_partitions(
                 value.last_update_ms = now;
                 value
             };
-            claim(&shard, id)?;
-            let _busy = Busy { shard: &shard, id };
+            let busy = claim(&shard.txns, &partition, id)?;
             let last_epoch = shard
                 .txns
                 .borrow()
                 .txns
                 .get(id)
                 .map_or(-1, |t| t.last_epoch);
-            write(&shard, &partition, id, value, last_epoch).await
+            write(&shard, &partition, &busy, value, last_epoch).await
         }
         .boxed_local()
     })
@@ -805,7 +856,7 @@ pub async fn end_txn(
             let (value, last_epoch) = {
                 let txns = shard.txns.borrow();
                 let txn = check_producer(txns.txns.get(id), producer_id, epoch)?;
-                if txn.busy {
+                if txn.busy.is_some() {
                     return Err(BrokerError::ConcurrentTransactions);
                 }
                 let v = &txn.value;
@@ -828,10 +879,9 @@ pub async fn end_txn(
                 };
                 (value, txn.last_epoch)
             };
-            claim(&shard, id)?;
             {
-                let _busy = Busy { shard: &shard, id };
-                write(&shard, &partition, id, value, last_epoch).await?;
+                let busy = claim(&shard.txns, &partition, id)?;
+                write(&shard, &partition, &busy, value, last_epoch).await?;
             }
             let (shard, id) = (shard.clone(), id.to_string());
             glommio::spawn_local(async move {
@@ -938,10 +988,10 @@ async fn finish(shard: &Rc<Shard>, id: &str) -> Result<(), BrokerError> {
         partition: txn.partition,
     };
     let partition = shard.partition(&tp).ok_or(BrokerError::NotCoordinator)?;
-    let coordinator_epoch = partition.leader_epoch();
     check_coordinator(shard, &partition).await?;
-    claim(shard, id)?;
-    let _busy = Busy { shard, id };
+    let busy = claim(&shard.txns, &partition, id)?;
+    // The leader epoch the claim's load began in: the markers' coordinator epoch.
+    let coordinator_epoch = partition.leader_epoch();
     let (mut value, last_epoch) = match shard.txns.borrow().txns.get(id) {
         Some(t) => (t.value.clone(), t.last_epoch),
         None => return Err(BrokerError::NotCoordinator),
@@ -962,7 +1012,7 @@ async fn finish(shard: &Rc<Shard>, id: &str) -> Result<(), BrokerError> {
             last_update_ms: now_ms(),
             ..value
         };
-        write(shard, &partition, id, value.clone(), last_epoch).await?;
+        write(shard, &partition, &busy, value.clone(), last_epoch).await?;
     }
     let commit = match value.state {
         TxnState::PrepareCommit => true,
@@ -1003,7 +1053,10 @@ async fn finish(shard: &Rc<Shard>, id: &str) -> Result<(), BrokerError> {
                         || e.code() == BrokerError::TransactionCoordinatorFenced.code() =>
                 {
                     tracing::warn!(id, topic = tp.0, partition = tp.1, error = %e,
-                        "a partition refused the transaction's marker; leaving it to a newer coordinator");
+                        "a partition refused the transaction's marker; leaving it to a newer coordinator, retrying in 10 s");
+                    if let Some(t) = shard.txns.borrow_mut().txns.get_mut(id) {
+                        t.retry_at = now_ms() + FENCED_RETRY_MS;
+                    }
                     return Err(e);
                 }
                 Err(e) => {
@@ -1027,7 +1080,7 @@ async fn finish(shard: &Rc<Shard>, id: &str) -> Result<(), BrokerError> {
         last_update_ms: now_ms(),
         ..value
     };
-    write(shard, &partition, id, done, last_epoch).await
+    write(shard, &partition, &busy, done, last_epoch).await
 }
 
 /// Has the leader of each of `partitions` append the marker (this node's partitions on their
@@ -1124,4 +1177,73 @@ pub async fn write_markers_here(
         }
     });
     futures::future::join_all(writes).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A coordinator that leads partition 0 in `epoch`, loaded.
+    fn loaded(c: &RefCell<TxnCoordinator>, epoch: i32) {
+        let mut c = c.borrow_mut();
+        c.follow(0, true, epoch).expect("a load starts");
+        c.partitions.get_mut(&0).expect("followed").loaded = true;
+    }
+
+    fn value() -> TxnValue {
+        TxnValue {
+            producer_id: 7,
+            producer_epoch: 0,
+            timeout_ms: 60_000,
+            state: TxnState::Empty,
+            partitions: BTreeSet::new(),
+            last_update_ms: 0,
+            start_ms: -1,
+        }
+    }
+
+    #[test]
+    fn a_claim_from_an_earlier_load_does_not_release_a_later_one() {
+        let c = RefCell::new(TxnCoordinator::default());
+        loaded(&c, 1);
+        let key = codec::encode_key("x");
+        let encoded = codec::encode_value(&value());
+        replay(&mut c.borrow_mut(), 0, &key, Some(&encoded));
+        let stale = claim_in(&c, 0, 1, "x").expect("x is free");
+        assert!(matches!(
+            claim_in(&c, 0, 1, "x"),
+            Err(BrokerError::ConcurrentTransactions)
+        ));
+        // The leader epoch moves on this node: a reload replays x, not busy.
+        loaded(&c, 2);
+        replay(&mut c.borrow_mut(), 0, &key, Some(&encoded));
+        assert!(
+            matches!(claim_in(&c, 0, 1, "x"), Err(BrokerError::NotCoordinator)),
+            "no claim in a load that is gone"
+        );
+        let current = claim_in(&c, 0, 2, "x").expect("free in the new load");
+        drop(stale);
+        assert!(
+            matches!(
+                claim_in(&c, 0, 2, "x"),
+                Err(BrokerError::ConcurrentTransactions)
+            ),
+            "the stale claim released the current one"
+        );
+        drop(current);
+        claim_in(&c, 0, 2, "x").expect("free again");
+    }
+
+    #[test]
+    fn an_id_being_created_is_claimed_once() {
+        let c = RefCell::new(TxnCoordinator::default());
+        loaded(&c, 1);
+        let first = claim_in(&c, 0, 1, "new").expect("unknown ids can be claimed");
+        assert!(matches!(
+            claim_in(&c, 0, 1, "new"),
+            Err(BrokerError::ConcurrentTransactions)
+        ));
+        drop(first);
+        claim_in(&c, 0, 1, "new").expect("free again");
+    }
 }

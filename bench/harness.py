@@ -83,6 +83,7 @@ PROFILES = {
         "keyed": {"keys": 10000, "fraction": 0.5, "duration_s": 15, "warmup_s": 4},
         "drain": {"bytes": 2 << 30, "fraction": 0.5, "duration_s": 15, "warmup_s": 0},
         "catch_up": {"bytes": 2 << 30},
+        "transactional": {"records_per_txn": 100, "partitions": 4, "duration_s": 20, "warmup_s": 4},
         "many_partitions": {"partitions": 10000, "rate": 2000, "duration_s": 20, "warmup_s": 5, "idle_s": 10, "settle_max_s": 240, "reps": 1},
         "replicated": {"partitions": 16, "duration_s": 15, "warmup_s": 4, "rate": 20000, "many_partitions": 3000, "many_rate": 2000,
                        "idle_s": 10, "settle_max_s": 300, "reps": 1},
@@ -102,6 +103,7 @@ PROFILES = {
         "keyed": {"keys": 1000, "fraction": 0.1, "duration_s": 2, "warmup_s": 0.5},
         "drain": {"bytes": 32 << 20, "fraction": 0.1, "duration_s": 2, "warmup_s": 0},
         "catch_up": {"bytes": 32 << 20},
+        "transactional": {"records_per_txn": 100, "partitions": 4, "duration_s": 2, "warmup_s": 0.5},
         "many_partitions": {"partitions": 50, "rate": 200, "duration_s": 2, "warmup_s": 0.5, "idle_s": 1, "settle_max_s": 20, "reps": 1},
         "replicated": {"partitions": 4, "duration_s": 2, "warmup_s": 0.5, "rate": 500, "many_partitions": 30, "many_rate": 200,
                        "idle_s": 1, "settle_max_s": 30, "reps": 1},
@@ -751,7 +753,8 @@ class Harness:
             # fan-out wrote to, as before the critique workloads were added.
             for name, fn in (("fixed-rate", self.fixed_rate), ("fan-out", self.fan_out), ("catch-up", self.catch_up),
                              ("many-producers", self.many_producers), ("keyed", self.keyed),
-                             ("drain-while-producing", self.drain_while_producing)):
+                             ("drain-while-producing", self.drain_while_producing),
+                             ("transactional", self.transactional)):
                 # catch_up also runs catch-up-cold, on the same backlog.
                 names = {name, "catch-up-cold"} if name == "catch-up" else {name}
                 if not names & set(self.args.workloads):
@@ -868,6 +871,39 @@ class Harness:
             "drain_worst_second_p99_ms": drain_worst_second_p99_ms(r, c["elapsed_s"]),
             "drain_s": round(c["elapsed_s"], 2), "target_mbps": round(r["target_mbps"], 2),
             "throughput_mbps": round(r["throughput_mbps"], 2), **latency_ms(r["latency"]), "saturated": r["saturated"],
+            **s.figures(cpu)}, raw)
+
+    def transactional(self, b, config, rep):
+        """One transactional producer committing every `records_per_txn` records
+        (`ferrolog-bench txn-produce`), then what it wrote read from the start with
+        read_committed."""
+        q = self.p["transactional"]
+        label = f"transactional-{config}-r{rep}"
+        raw = self.raw_dir / f"{label}.json"
+        with Sampler(b.pid) as s:
+            rc, _, cpu = run_child([str(BENCH_BIN), "txn-produce", "--bootstrap", b.bootstrap, "--topic", "txn",
+                                    "--partitions", str(q["partitions"]), "--records-per-txn", str(q["records_per_txn"]),
+                                    "--record-bytes", str(self.p["record_bytes"]), "--duration-s", str(q["duration_s"]),
+                                    "--warmup-s", str(q["warmup_s"]), "--json", str(raw)],
+                                   q["duration_s"] + 180, self.logs / "bench.log",
+                                   cpu=CLIENT_CPU if self.args.pinned else None)  # fmt: skip
+        if rc != 0:
+            raise RuntimeError(f"ferrolog-bench txn-produce exited {rc}; broker log:\n{b.log_tail(5)}")
+        t = json.loads(raw.read_text())
+        time.sleep(1)
+        d, _, _ = self.bench(b, f"{label}-read-committed", ["--topic", "txn", "--producers", 0, "--consumers", 1,
+                                                            "--consume-from", "earliest", "--no-parse-records",
+                                                            "--read-committed", "--consume-timeout-s", 600], 700)  # fmt: skip
+        c = d["consumers"][0]
+        if not c["reached_end"]:
+            raise RuntimeError(f"{label}: the read_committed consumer did not reach the end ({c['records']} records)")
+        lat = t["commit_latency"]
+        self.record(2, config, rep, "transactional", {
+            "records_per_txn": q["records_per_txn"], "transactions_per_s": round(t["transactions_per_s"], 1),
+            "throughput_mbps": round(t["throughput_mbps"], 2), "commit_p50_ms": ms(lat["p50_us"]),
+            "commit_p99_ms": ms(lat["p99_us"]), "commit_max_ms": ms(lat["max_us"]),
+            "concurrent_transactions_retries": t["concurrent_retries"],
+            "read_committed_mbps": round(c["throughput_mbps"], 2), "read_committed_records": c["records"],
             **s.figures(cpu)}, raw)
 
     def write_backlog(self, b, label, topic, size_bytes):
@@ -1162,7 +1198,8 @@ class Harness:
         self.kafka_max_rps = self.median_metric("max-throughput", "throughput_rps", "kafka") \
             or self.median_metric("max-throughput", "throughput_rps", None) or 10_000
         log(f"fixed rates are fractions of {self.kafka_max_rps:.0f} records/s")
-        if wl & {"fixed-rate", "fan-out", "many-producers", "keyed", "drain-while-producing", "catch-up", "catch-up-cold"}:
+        if wl & {"fixed-rate", "fan-out", "many-producers", "keyed", "drain-while-producing", "catch-up", "catch-up-cold",
+                 "transactional"}:
             for rep in range(reps):
                 for c in self.order(rep):
                     log(f"phase 2 rep {rep + 1}/{reps}: {c}")
@@ -1351,7 +1388,7 @@ def main():
     ap.add_argument("--reps", type=int, help="repetitions (default 3, quick 1)")
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {','.join(CONFIGS)}")
     ap.add_argument("--workloads", default="startup,max-throughput,fixed-rate,fan-out,many-producers,keyed,drain-while-producing,"
-                                           "catch-up,catch-up-cold,many-partitions,replicated,flame-graphs")
+                                           "catch-up,catch-up-cold,transactional,many-partitions,replicated,flame-graphs")
     ap.add_argument("--no-cross-check", action="store_true", help="skip Kafka's ProducerPerformance/ConsumerPerformance")
     ap.add_argument("--ferrolog-cores", type=int, help="ferrolog --cores (default: all cores; 1 with --pinned)")
     ap.add_argument("--pinned", action="store_true",

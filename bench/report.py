@@ -37,6 +37,9 @@ HEADLINE = [
     ("Catch-up, page cache dropped (MB/s)", "catch-up-cold", None, "throughput_mbps", True),
     ("Catch-up, page cache dropped: broker CPU (CPU-s per GiB read)", "catch-up-cold", None, "broker_cpu_s_per_gib", False),
     ("  of which in the kernel (system calls) (CPU-s per GiB read)", "catch-up-cold", None, "broker_kernel_cpu_s_per_gib", False),
+    ("Transactions of 100 records, one producer: commits per second", "transactional", None, "transactions_per_s", True),
+    ("Transactions of 100 records: commit p99 (ms)", "transactional", None, "commit_p99_ms", False),
+    ("read_committed read of those transactions (MB/s)", "transactional", None, "read_committed_mbps", True),
     ("Produce broker CPU at max throughput (CPU-s per GiB)", "max-throughput", None, "broker_cpu_s_per_gib", False),
     ("  of which in the kernel (system calls) (CPU-s per GiB)", "max-throughput", None, "broker_kernel_cpu_s_per_gib", False),
     ("Same, with kernel threads (writeback, journal) (CPU-s per GiB)", "max-throughput", None, "broker_and_kernel_cpu_s_per_gib", False),
@@ -85,6 +88,13 @@ WORKLOAD_NOTES = {
                 "MB/s counts record-batch bytes.",
     "catch-up-cold": "The catch-up backlog read again from the start after `sync` and `echo 3 > /proc/sys/vm/drop_caches`, "
                      "so both brokers read it from the disk.",
+    "transactional": "One transactional producer (`ferrolog-bench txn-produce`, transaction protocol v1 on both brokers) "
+                     "committing every 100 records of 1 KiB: per transaction AddPartitionsToTxn for the topic's 4 "
+                     "partitions, one acks=all Produce of a transactional batch of 25 records to each, then EndTxn, each "
+                     "waiting for the one before, as an application that commits every 100 records with the Java client. "
+                     "CONCURRENT_TRANSACTIONS (the previous commit's markers not written yet) is retried after 20 ms, as the "
+                     "Java client's first retry. Commit latency runs from AddPartitionsToTxn to EndTxn's answer. Then one "
+                     "consumer reads everything from the start with isolation.level=read_committed.",
     "many-partitions": "One topic with many partitions on one node, created in steps of 5,000 (Kafka refuses larger "
                        "single operations). Idle CPU after the broker settles, then open-loop produce round-robin over "
                        "all partitions (1-record batches), then idle again. Before the measured run one record goes "
@@ -489,7 +499,7 @@ def markdown(h, r, summary):
     add("## Workloads")
     for w, title in (("startup", "startup"), ("max-throughput", "max-throughput"), ("max-throughput-ramp", "max-throughput: open-loop ramp"),
                      ("fixed-rate", "fixed-rate"), ("fan-out", "fan-out"), ("many-producers", "many-producers"), ("keyed", "keyed"),
-                     ("drain-while-producing", "drain-while-producing"),
+                     ("drain-while-producing", "drain-while-producing"), ("transactional", "transactional"),
                      ("catch-up", "catch-up"), ("catch-up-cold", "catch-up, page cache dropped"),
                      ("many-partitions", "many-partitions"),
                      ("replicated-throughput", "replicated: throughput"), ("replicated-fixed-rate", "replicated: fixed rate"),

@@ -94,7 +94,23 @@ impl BatchBuilder {
     }
 
     /// Fills in the header and the CRC; the batch is ready to send.
-    pub fn finish(mut self) -> Bytes {
+    pub fn finish(self) -> Bytes {
+        self.finish_with(-1, -1, -1, 0)
+    }
+
+    /// `finish` for a transactional producer: its id, epoch and the batch's first sequence.
+    pub fn finish_transactional(self, producer_id: i64, epoch: i16, base_sequence: i32) -> Bytes {
+        const TRANSACTIONAL: i16 = 0x10;
+        self.finish_with(producer_id, epoch, base_sequence, TRANSACTIONAL)
+    }
+
+    fn finish_with(
+        mut self,
+        producer_id: i64,
+        epoch: i16,
+        base_sequence: i32,
+        attributes: i16,
+    ) -> Bytes {
         assert!(self.count > 0, "empty batch");
         let batch_length = (self.buf.len() - 12) as i32;
         let h = &mut self.buf[..BATCH_HEADER_BYTES];
@@ -102,13 +118,13 @@ impl BatchBuilder {
         h[8..12].copy_from_slice(&batch_length.to_be_bytes());
         h[12..16].copy_from_slice(&(-1i32).to_be_bytes());
         h[16] = 2;
-        h[21..23].copy_from_slice(&0i16.to_be_bytes());
+        h[21..23].copy_from_slice(&attributes.to_be_bytes());
         h[23..27].copy_from_slice(&(self.count - 1).to_be_bytes());
         h[27..35].copy_from_slice(&self.base_timestamp_ms.to_be_bytes());
         h[35..43].copy_from_slice(&self.max_timestamp_ms.to_be_bytes());
-        h[43..51].copy_from_slice(&(-1i64).to_be_bytes());
-        h[51..53].copy_from_slice(&(-1i16).to_be_bytes());
-        h[53..57].copy_from_slice(&(-1i32).to_be_bytes());
+        h[43..51].copy_from_slice(&producer_id.to_be_bytes());
+        h[51..53].copy_from_slice(&epoch.to_be_bytes());
+        h[53..57].copy_from_slice(&base_sequence.to_be_bytes());
         h[57..61].copy_from_slice(&self.count.to_be_bytes());
         let crc = crc32c::crc32c(&self.buf[ATTRIBUTES_OFFSET..]);
         self.buf[CRC_OFFSET..ATTRIBUTES_OFFSET].copy_from_slice(&crc.to_be_bytes());

@@ -44,6 +44,8 @@ pub struct ConsumeOpts {
     /// Parse every record to read its send time (end-to-end latency).
     pub parse_records: bool,
     pub verify_crc: bool,
+    /// Fetch with isolation_level READ_COMMITTED (up to the last stable offset).
+    pub read_committed: bool,
     /// Catch-up: give up after this long.
     pub timeout: Duration,
 }
@@ -154,7 +156,7 @@ pub fn run(
             })
             .with_min_bytes(opts.min_bytes)
             .with_max_bytes(opts.max_bytes)
-            .with_isolation_level(0)
+            .with_isolation_level(i8::from(opts.read_committed))
             .with_session_id(0)
             .with_session_epoch(-1)
             .with_topics(vec![FetchTopic::default()

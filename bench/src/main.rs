@@ -22,6 +22,7 @@ mod hwprobe;
 mod plot;
 mod producer;
 mod stats;
+mod txn;
 mod wire;
 
 use std::io::{IsTerminal, Write};
@@ -98,6 +99,26 @@ enum Command {
         fsync_count: u64,
         #[arg(long, default_value_t = 5.0)]
         tcp_seconds: f64,
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// One transactional producer committing every N records (see txn.rs); prints JSON.
+    TxnProduce {
+        #[arg(long, default_value = "127.0.0.1:9092")]
+        bootstrap: String,
+        #[arg(long)]
+        topic: String,
+        /// Partitions of the topic (created if missing); each transaction writes to all.
+        #[arg(long, default_value_t = 4)]
+        partitions: i32,
+        #[arg(long, default_value_t = 100)]
+        records_per_txn: usize,
+        #[arg(long, default_value_t = 1024)]
+        record_bytes: usize,
+        #[arg(long, default_value_t = 30.0)]
+        duration_s: f64,
+        #[arg(long, default_value_t = 5.0)]
+        warmup_s: f64,
         #[arg(long)]
         json: Option<PathBuf>,
     },
@@ -215,6 +236,9 @@ struct RunArgs {
     /// Check every fetched batch's CRC32C (Kafka's check.crcs).
     #[arg(long)]
     verify_crc: bool,
+    /// Consumers read with isolation.level=read_committed.
+    #[arg(long)]
+    read_committed: bool,
     /// Catch-up consumers give up after this long.
     #[arg(long, default_value_t = 600.0)]
     consume_timeout_s: f64,
@@ -310,6 +334,27 @@ fn real_main() -> Result<()> {
             };
             let r = hwprobe::run(&opts)?;
             write_json(&r, json.as_deref())
+        }
+        Command::TxnProduce {
+            bootstrap,
+            topic,
+            partitions,
+            records_per_txn,
+            record_bytes,
+            duration_s,
+            warmup_s,
+            json,
+        } => {
+            let opts = txn::TxnOpts {
+                bootstrap,
+                topic,
+                partitions,
+                records_per_txn,
+                record_bytes,
+                duration_s,
+                warmup_s,
+            };
+            write_json(&txn::run(&opts)?, json.as_deref())
         }
         Command::Plot { spec, out_dir } => {
             for f in plot::render(&spec, &out_dir)? {
@@ -446,6 +491,7 @@ fn run(a: RunArgs) -> Result<()> {
         partition_max_bytes: a.partition_max_bytes,
         parse_records: !a.no_parse_records,
         verify_crc: a.verify_crc,
+        read_committed: a.read_committed,
         timeout: Duration::from_secs_f64(a.consume_timeout_s),
     });
 

@@ -7,7 +7,7 @@
 //!
 //! Both brokers see identical traffic: the versions are the highest both sides support,
 //! capped by `VERSION_CAPS` (Produce and Fetch stop at 12, the last versions that name
-//! topics rather than carry topic ids).
+//! topics rather than carry topic ids; the transaction APIs at protocol v1's).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
@@ -35,6 +35,9 @@ const VERSION_CAPS: &[(ApiKey, i16)] = &[
     (ApiKey::ListOffsets, 9),
     (ApiKey::CreateTopics, 7),
     (ApiKey::CreatePartitions, 3),
+    // Transaction protocol v1 on both brokers (the client's forms before KIP-890 part 2).
+    (ApiKey::AddPartitionsToTxn, 3),
+    (ApiKey::EndTxn, 4),
 ];
 
 /// Partitions created per request. Kafka's controller refuses an operation of more than
@@ -520,6 +523,10 @@ fn key_range(key: ApiKey) -> Option<(i16, i16)> {
         ApiKey::CreateTopics => CreateTopicsRequest::VERSIONS,
         ApiKey::CreatePartitions => CreatePartitionsRequest::VERSIONS,
         ApiKey::ApiVersions => ApiVersionsRequest::VERSIONS,
+        ApiKey::FindCoordinator => FindCoordinatorRequest::VERSIONS,
+        ApiKey::InitProducerId => InitProducerIdRequest::VERSIONS,
+        ApiKey::AddPartitionsToTxn => AddPartitionsToTxnRequest::VERSIONS,
+        ApiKey::EndTxn => EndTxnRequest::VERSIONS,
         _ => return None,
     };
     Some((r.min, r.max))

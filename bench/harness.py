@@ -890,7 +890,7 @@ class Harness:
         if rc != 0:
             raise RuntimeError(f"ferrolog-bench txn-produce exited {rc}; broker log:\n{b.log_tail(5)}")
         t = json.loads(raw.read_text())
-        time.sleep(1)
+        # The consumer reads on until the last stable offset reaches the end offsets it saw.
         d, _, _ = self.bench(b, f"{label}-read-committed", ["--topic", "txn", "--producers", 0, "--consumers", 1,
                                                             "--consume-from", "earliest", "--no-parse-records",
                                                             "--read-committed", "--consume-timeout-s", 600], 700)  # fmt: skip

@@ -133,3 +133,30 @@ def when_coordinator_ready(call, what, timeout_s=60.0):
 
     wait_until(attempt, what, timeout_s, interval_s=0.5)
     return result[0]
+
+
+def read_all(bootstrap, topic, partitions, isolation="read_uncommitted", timeout_s=60):
+    """Every record of `topic`, from the start to the end of each partition, as a consumer
+    with `isolation` reads it: [(key, value)] as bytes, in the order polled."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-all-{isolation}", "isolation.level": isolation,
+                  "enable.partition.eof": True, "enable.auto.commit": False})  # fmt: skip
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    records, eof = [], set()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(eof) < partitions and time.monotonic() < deadline:
+            m = c.poll(1)
+            if m is None:
+                continue
+            if m.error():
+                assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
+                eof.add(m.partition())
+                continue
+            eof.discard(m.partition())
+            records.append((m.key(), m.value()))
+    finally:
+        c.close()
+    assert len(eof) == partitions, f"{isolation}: did not reach the end of every partition of {topic}"
+    return records

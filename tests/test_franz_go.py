@@ -15,9 +15,9 @@ from collections import Counter
 
 import pytest
 import roundtrip
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from support import CACHE, need, run, wait_for_partition_leaders
+from support import CACHE, need, read_all, run, wait_for_partition_leaders
 
 
 def test_franz_go_round_trip(broker, tmp_path):
@@ -94,32 +94,6 @@ class _Pipeline:
                 p.wait()
         for f in self.files:
             f.close()
-
-
-def _read_output(bootstrap, topic, partitions, isolation):
-    """Every value in topic, from the start to the end of each partition, as `isolation` reads it."""
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap,
-        "group.id": f"eos-reader-{isolation}",
-        "isolation.level": isolation,
-        "enable.partition.eof": True,
-        "enable.auto.commit": False,
-    })  # fmt: skip
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    values, eof = [], set()
-    deadline = time.monotonic() + EOS_TIMEOUT_S
-    while len(eof) < partitions and time.monotonic() < deadline:
-        m = consumer.poll(1)
-        if m is None:
-            continue
-        if m.error():
-            if m.error().code() == KafkaError._PARTITION_EOF:
-                eof.add(m.partition())
-            continue
-        values.append(m.value().decode())
-    consumer.close()
-    assert len(eof) == partitions, f"{isolation}: did not reach the end of every partition of {topic}"
-    return values
 
 
 # A dead member's transaction that nobody fences is aborted within a second of its timeout;
@@ -206,13 +180,13 @@ def test_franz_go_group_transact_session_copies_exactly_once(broker, tmp_path):
     finally:
         members.close()
 
-    copied = _read_output(broker.bootstrap, dst, EOS_PARTITIONS, "read_committed")
+    copied = [v.decode() for _, v in read_all(broker.bootstrap, dst, EOS_PARTITIONS, "read_committed", EOS_TIMEOUT_S)]
     duplicated = sorted(v for v, n in Counter(copied).items() if n > 1)
     lost = sorted(set(inputs) - set(copied))
     assert not duplicated and not lost, f"{len(duplicated)} duplicated, e.g. {duplicated[:5]}; {len(lost)} lost, e.g. {lost[:5]}"
     assert sorted(copied) == sorted(inputs)
     # The dead members' open transactions were written, and aborted: read_uncommitted shows them.
-    uncommitted = _read_output(broker.bootstrap, dst, EOS_PARTITIONS, "read_uncommitted")
+    uncommitted = [v.decode() for _, v in read_all(broker.bootstrap, dst, EOS_PARTITIONS, "read_uncommitted", EOS_TIMEOUT_S)]
     assert len(uncommitted) >= len(inputs) + sum(c["n"] for c in crashes), (len(uncommitted), crashes)
 
     report = json.loads(run([binary, "offsets", broker.bootstrap, group, src], timeout_s=60).stdout)

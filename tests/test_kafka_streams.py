@@ -16,10 +16,10 @@ from collections import defaultdict
 import pytest
 from cluster import Cluster, metadata, registered
 from conftest import TARGET
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from support import CACHE, need, need_tool, wait_until
+from support import CACHE, need, need_tool, read_all, wait_until
 
 KEYS = 20
 
@@ -101,23 +101,9 @@ class Feeder(threading.Thread):
 
 def read_counts(bootstrap, topic, partitions):
     """The output as read_committed shows it: {key: [counts in offset order]}."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "streams-eos-reader", "isolation.level": "read_committed",
-                  "enable.partition.eof": True, "enable.auto.commit": False})  # fmt: skip
-    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    counts, eof = defaultdict(list), set()
-    deadline = time.monotonic() + 60
-    while len(eof) < partitions and time.monotonic() < deadline:
-        m = c.poll(1)
-        if m is None:
-            continue
-        if m.error():
-            assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
-            eof.add(m.partition())
-            continue
-        eof.discard(m.partition())
-        counts[m.key().decode()].append(int(m.value()))
-    c.close()
-    assert len(eof) == partitions, "did not reach the end of the output"
+    counts = defaultdict(list)
+    for key, value in read_all(bootstrap, topic, partitions, "read_committed"):
+        counts[key.decode()].append(int(value))
     return counts
 
 

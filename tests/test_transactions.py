@@ -13,7 +13,7 @@ from conftest import TARGET
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from support import java, wait_until
+from support import java, read_all, wait_until
 
 
 def _create(bootstrap, topic, partitions):
@@ -59,28 +59,7 @@ def test_java_transactions_commit_abort_fence_and_time_out(broker, tmp_path):
 
 
 def _read(bootstrap, topic, partitions, isolation):
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap,
-        "group.id": f"txn-reader-{isolation}",
-        "isolation.level": isolation,
-        "enable.partition.eof": True,
-        "enable.auto.commit": False,
-    })  # fmt: skip
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    values, eof = [], set()
-    deadline = time.monotonic() + 60
-    while len(eof) < partitions and time.monotonic() < deadline:
-        m = consumer.poll(1)
-        if m is None:
-            continue
-        if m.error():
-            if m.error().code() == -191:  # partition EOF
-                eof.add(m.partition())
-            continue
-        values.append(m.value().decode())
-    consumer.close()
-    assert len(eof) == partitions, "did not reach the end of every partition"
-    return values
+    return [v.decode() for _, v in read_all(bootstrap, topic, partitions, isolation)]
 
 
 def test_librdkafka_transactions_survive_a_broker_restart(broker):

@@ -104,21 +104,8 @@ enum Command {
     },
     /// One transactional producer committing every N records (see txn.rs); prints JSON.
     TxnProduce {
-        #[arg(long, default_value = "127.0.0.1:9092")]
-        bootstrap: String,
-        #[arg(long)]
-        topic: String,
-        /// Partitions of the topic (created if missing); each transaction writes to all.
-        #[arg(long, default_value_t = 4)]
-        partitions: i32,
-        #[arg(long, default_value_t = 100)]
-        records_per_txn: usize,
-        #[arg(long, default_value_t = 1024)]
-        record_bytes: usize,
-        #[arg(long, default_value_t = 30.0)]
-        duration_s: f64,
-        #[arg(long, default_value_t = 5.0)]
-        warmup_s: f64,
+        #[command(flatten)]
+        opts: txn::TxnOpts,
         #[arg(long)]
         json: Option<PathBuf>,
     },
@@ -335,27 +322,7 @@ fn real_main() -> Result<()> {
             let r = hwprobe::run(&opts)?;
             write_json(&r, json.as_deref())
         }
-        Command::TxnProduce {
-            bootstrap,
-            topic,
-            partitions,
-            records_per_txn,
-            record_bytes,
-            duration_s,
-            warmup_s,
-            json,
-        } => {
-            let opts = txn::TxnOpts {
-                bootstrap,
-                topic,
-                partitions,
-                records_per_txn,
-                record_bytes,
-                duration_s,
-                warmup_s,
-            };
-            write_json(&txn::run(&opts)?, json.as_deref())
-        }
+        Command::TxnProduce { opts, json } => write_json(&txn::run(&opts)?, json.as_deref()),
         Command::Plot { spec, out_dir } => {
             for f in plot::render(&spec, &out_dir)? {
                 eprintln!("wrote {f}");

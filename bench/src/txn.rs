@@ -31,13 +31,22 @@ const CONCURRENT_TRANSACTIONS: i16 = 51;
 const COORDINATOR_ERRORS: &[i16] = &[14, 15, 16]; // load in progress, not available, not ours
 const RETRY_BACKOFF: Duration = Duration::from_millis(20);
 
+#[derive(clap::Args)]
 pub struct TxnOpts {
+    #[arg(long, default_value = "127.0.0.1:9092")]
     pub bootstrap: String,
+    #[arg(long)]
     pub topic: String,
+    /// Partitions of the topic (created if missing); each transaction writes to all.
+    #[arg(long, default_value_t = 4)]
     pub partitions: i32,
+    #[arg(long, default_value_t = 100)]
     pub records_per_txn: usize,
+    #[arg(long, default_value_t = 1024)]
     pub record_bytes: usize,
+    #[arg(long, default_value_t = 30.0)]
     pub duration_s: f64,
+    #[arg(long, default_value_t = 5.0)]
     pub warmup_s: f64,
 }
 

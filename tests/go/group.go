@@ -143,16 +143,23 @@ func contains(ps []int32, p int32) bool {
 	return false
 }
 
-func runGroup(bootstrap, group, topic, balancer string, delayMs int) error {
-	pending := &pendingOffsets{offsets: map[int32]kgo.EpochOffset{}}
+// untilSignalled is a context cancelled by SIGTERM or SIGINT: the member finishes what it
+// is doing and leaves its group cleanly.
+func untilSignalled() (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
 	go func() {
 		<-stop
 		cancel()
 	}()
+	return ctx, cancel
+}
+
+func runGroup(bootstrap, group, topic, balancer string, delayMs int) error {
+	pending := &pendingOffsets{offsets: map[int32]kgo.EpochOffset{}}
+	ctx, cancel := untilSignalled()
+	defer cancel()
 
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(bootstrap),

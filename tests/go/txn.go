@@ -45,11 +45,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/signal"
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -101,14 +99,8 @@ func runEOS(bootstrap, group, inTopic, outTopic, txnID string, batch, delayMs in
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := untilSignalled()
 	defer cancel()
-	stop := make(chan os.Signal, 1)
-	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
-	go func() {
-		<-stop
-		cancel()
-	}()
 
 	hook := &crashOnOffsets{}
 	sess, err := kgo.NewGroupTransactSession(
